@@ -1,0 +1,30 @@
+# One entry point for newcomers and CI. `make setup` is idempotent.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test bench plugins lint clean
+
+$(STAMP): requirements-dev.txt kvtiers-core/pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# torch first and pinned: an unpinned resolve pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q -e kvtiers-core
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+bench: setup
+	$(BIN)/kvtiers plugins
+	$(BIN)/kvtiers validate examples/config.json
+
+lint: setup
+	$(BIN)/python -m ruff check kvtiers-core tests || true
+
+clean:
+	rm -rf $(VENV)

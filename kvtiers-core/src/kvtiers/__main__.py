@@ -1,0 +1,5 @@
+import sys
+
+from kvtiers.cli import main
+
+sys.exit(main())

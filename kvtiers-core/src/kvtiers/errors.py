@@ -1,0 +1,59 @@
+"""The package's own errors. Builtin exceptions are used where they fit
+(FileNotFoundError, TimeoutError, PermissionError); these cover the rest."""
+
+from __future__ import annotations
+
+
+class KvtiersError(Exception):
+    """Base class of every error kvtiers raises on purpose."""
+
+
+class ConfigError(KvtiersError):
+    """One or more problems in a configuration document.
+
+    Each problem is a `ConfigProblem` carrying the JSON path of the field, so a
+    front end can print one line per problem.
+    """
+
+    def __init__(self, problems: list[ConfigProblem] | ConfigProblem | str):
+        if isinstance(problems, str):
+            problems = [ConfigProblem("$", problems)]
+        elif isinstance(problems, ConfigProblem):
+            problems = [problems]
+        self.problems: list[ConfigProblem] = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class ConfigProblem:
+    """One problem in a config: where (a JSON path such as `$.secondary_tiers[0].type`)
+    and what (found vs allowed, in words)."""
+
+    __slots__ = ("path", "message")
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"ConfigProblem({self.path!r}, {self.message!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ConfigProblem)
+            and (self.path, self.message) == (other.path, other.message)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.message))
+
+
+class PluginError(KvtiersError):
+    """A plugin that cannot be used: failed to import, targets another contract
+    version, or registers a name another distribution registers too."""
+
+
+class UnknownNameError(KvtiersError, LookupError):
+    """A tier or policy name nobody registered; the message lists the installed ones."""

@@ -1,0 +1,34 @@
+"""What a tier that serves remote peers may call on the manager, and nothing more."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from kvtiers.jobs import TransferJob
+from kvtiers.keys import BlockKey
+from kvtiers.lookup import LookupResult
+
+
+class ParentManager(ABC):
+    """The manager as seen by a peer-serving tier. Thread-safe: peers are served
+    from the tier's own threads."""
+
+    @abstractmethod
+    def lookup(self, key: BlockKey) -> LookupResult:
+        """Where the block is, as the engine would be told."""
+
+    @abstractmethod
+    def create_store_job(self, keys: Sequence[BlockKey]) -> TransferJob | None:
+        """Pin the CPU-pool slots of `keys` (all must be HIT) so their bytes can be
+        shipped to a peer; None when any of them is not readable now."""
+
+    @abstractmethod
+    def complete_store_job(self, job_id: int) -> None:
+        """The bytes of the job were shipped (or the attempt ended): unpin its slots."""
+
+    def on_request_start(self, request_id: str) -> None:
+        """A peer's request started using this manager's blocks. Default: nothing."""
+
+    def on_request_finished(self, request_id: str) -> None:
+        """A peer's request finished. Default: nothing."""

@@ -1,0 +1,29 @@
+"""The hooks a kvtiers plugin implements. A plugin is a module named by an entry
+point in group `kvtiers`; it implements any of these hooks with `@hookimpl` and
+returns records. Keep plugin modules thin: import tier code lazily (records name
+classes as "module:Class" strings) so `kvtiers plugins` starts fast."""
+
+from __future__ import annotations
+
+import pluggy
+
+from kvtiers.plugins.records import CommandRecord, PolicyRecord, TierRecord
+
+PROJECT = "kvtiers"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def kvtiers_register_tiers() -> list[TierRecord]:  # type: ignore[empty-body]
+    """Secondary tiers this plugin provides."""
+
+
+@hookspec
+def kvtiers_register_policies() -> list[PolicyRecord]:  # type: ignore[empty-body]
+    """Eviction policies this plugin provides."""
+
+
+@hookspec
+def kvtiers_register_commands() -> list[CommandRecord]:  # type: ignore[empty-body]
+    """`kvtiers` sub-commands this plugin provides."""

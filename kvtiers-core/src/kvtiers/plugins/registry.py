@@ -1,0 +1,277 @@
+"""Finding plugins: the core's built-ins plus every entry point in group `kvtiers`.
+
+The loader iterates the entry points itself so that each plugin fails alone: an
+import error, an exception in a hook, a record for another contract version is
+recorded as a `PluginFailure` and reported by `kvtiers plugins`; it breaks only a
+config that selects what that plugin would have provided. Two distributions
+registering one name make that name (only) unusable, with both named.
+
+Environment: `KVTIERS_PLUGINS_DISABLE` (comma-separated entry-point or distribution
+names to skip) and `KVTIERS_PLUGINS_ALLOW` (if set, load only these). The core's
+built-ins are always loaded.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata as md
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import pluggy
+
+from kvtiers.errors import PluginError, UnknownNameError
+from kvtiers.plugins import hookspecs
+from kvtiers.plugins.records import CommandRecord, PolicyRecord, TierRecord
+from kvtiers.tier import CONTRACT_VERSION
+
+ENTRY_POINT_GROUP = "kvtiers"
+ENV_DISABLE = "KVTIERS_PLUGINS_DISABLE"
+ENV_ALLOW = "KVTIERS_PLUGINS_ALLOW"
+CORE_DISTRIBUTION = "kvtiers-core"
+
+R = TypeVar("R", TierRecord, PolicyRecord, CommandRecord)
+
+# hook name -> (kind, record type)
+_HOOKS: dict[str, tuple[str, type]] = {
+    "kvtiers_register_tiers": ("tier", TierRecord),
+    "kvtiers_register_policies": ("policy", PolicyRecord),
+    "kvtiers_register_commands": ("command", CommandRecord),
+}
+
+
+@dataclass(frozen=True)
+class Registered(Generic[R]):
+    """A record plus where it came from."""
+
+    record: R
+    plugin: str
+    distribution: str
+    version: str
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin (or one of its records) that could not be used, and why."""
+
+    plugin: str
+    distribution: str
+    version: str
+    reason: str
+    kind: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class Registry:
+    tiers: dict[str, Registered[TierRecord]] = field(default_factory=dict)
+    policies: dict[str, Registered[PolicyRecord]] = field(default_factory=dict)
+    commands: dict[str, Registered[CommandRecord]] = field(default_factory=dict)
+    failures: list[PluginFailure] = field(default_factory=list)
+    # (kind, name) -> every registration of a name claimed more than once
+    conflicts: dict[tuple[str, str], list[Registered[Any]]] = field(default_factory=dict)
+
+    def _table(self, kind: str) -> dict[str, Registered[Any]]:
+        return {"tier": self.tiers, "policy": self.policies, "command": self.commands}[kind]
+
+    def get(self, kind: str, name: str) -> Registered[Any]:
+        """The registration of `name`, or an error that says what to do instead."""
+        table = self._table(kind)
+        if name in table:
+            return table[name]
+        if (kind, name) in self.conflicts:
+            dists = " and ".join(
+                f"{r.distribution} (plugin {r.plugin!r})" for r in self.conflicts[(kind, name)]
+            )
+            raise PluginError(
+                f"{kind} {name!r} is registered by both {dists}; uninstall one or disable "
+                f"it with {ENV_DISABLE}"
+            )
+        for f in self.failures:
+            if f.kind == kind and f.name == name:
+                raise PluginError(f"{kind} {name!r} from {f.distribution} is unusable: {f.reason}")
+        raise UnknownNameError(unknown_name_message(kind, name, table, self.failures))
+
+    def get_tier(self, name: str) -> Registered[TierRecord]:
+        return self.get("tier", name)
+
+    def get_policy(self, name: str) -> Registered[PolicyRecord]:
+        return self.get("policy", name)
+
+    def listing(self) -> list[dict[str, Any]]:
+        """One row per registered thing and per failure, for `kvtiers plugins`."""
+        rows: list[dict[str, Any]] = []
+        for kind in ("tier", "policy", "command"):
+            for name, reg in sorted(self._table(kind).items()):
+                rows.append(_row(name, kind, reg, "ok", None))
+        for (kind, name), regs in sorted(self.conflicts.items()):
+            others = ", ".join(r.distribution for r in regs)
+            for reg in regs:
+                rows.append(_row(name, kind, reg, "error", f"name registered by {others}"))
+        for f in self.failures:
+            rows.append(
+                {
+                    "name": f.name or f.plugin,
+                    "kind": f.kind or "plugin",
+                    "plugin": f.plugin,
+                    "distribution": f.distribution,
+                    "version": f.version,
+                    "status": "error",
+                    "error": f.reason,
+                    "description": "",
+                }
+            )
+        return rows
+
+
+def _row(name: str, kind: str, reg: Registered[Any], status: str, error: str | None) -> dict[str, Any]:
+    rec = reg.record
+    return {
+        "name": name,
+        "kind": kind,
+        "plugin": reg.plugin,
+        "distribution": reg.distribution,
+        "version": reg.version,
+        "status": status,
+        "error": error,
+        "description": getattr(rec, "description", None) or getattr(rec, "help", ""),
+    }
+
+
+def unknown_name_message(
+    kind: str, name: str, table: Mapping[str, Any], failures: Iterable[PluginFailure] = ()
+) -> str:
+    """"unknown tier 'fss' (did you mean 'fs'?); installed tiers: fs, memory" plus
+    a hint about plugins that failed to load."""
+    installed = sorted(table)
+    msg = f"unknown {kind} {name!r}"
+    close = difflib.get_close_matches(name, installed, n=1)
+    if close:
+        msg += f" (did you mean {close[0]!r}?)"
+    plural = "policies" if kind == "policy" else f"{kind}s"
+    msg += f"; installed {plural}: {', '.join(installed) or '(none)'}"
+    broken = sorted({f.plugin for f in failures if f.name is None})
+    if broken:
+        msg += f"; plugins that failed to load: {', '.join(broken)} (see `kvtiers plugins`)"
+    if kind == "tier" and name in _KNOWN_DISTRIBUTIONS:
+        msg += f"; install {_KNOWN_DISTRIBUTIONS[name]} to use type {name!r}"
+    return msg
+
+
+# Tiers we ship as separate distributions: an install hint when they are missing.
+_KNOWN_DISTRIBUTIONS = {"fs": "kvtiers-fs", "s3": "kvtiers-s3", "p2p": "kvtiers-p2p"}
+
+
+def _split_env(value: str | None) -> set[str]:
+    return {v.strip() for v in (value or "").split(",") if v.strip()}
+
+
+def load_registry(
+    entry_points: Iterable[md.EntryPoint] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Registry:
+    """Load the built-ins and the entry points (by default, the installed ones)."""
+    from kvtiers.plugins import builtins
+
+    environ = os.environ if environ is None else environ
+    if entry_points is None:
+        entry_points = md.entry_points(group=ENTRY_POINT_GROUP)
+    disabled = _split_env(environ.get(ENV_DISABLE))
+    allowed = _split_env(environ.get(ENV_ALLOW)) if environ.get(ENV_ALLOW) is not None else None
+
+    registry = Registry()
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    origin: dict[int, tuple[str, str, str]] = {}
+
+    core_version = _core_version()
+    pm.register(builtins, name="builtin")
+    origin[id(builtins)] = ("builtin", CORE_DISTRIBUTION, core_version)
+
+    for ep in entry_points:
+        dist = ep.dist.name if ep.dist is not None else "?"
+        version = ep.dist.version if ep.dist is not None else "?"
+        names = {ep.name, dist}
+        if names & disabled or (allowed is not None and not names & allowed):
+            continue
+        try:
+            module = ep.load()
+            pm.register(module, name=f"{dist}:{ep.name}")
+        except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            registry.failures.append(
+                PluginFailure(ep.name, dist, version, f"{type(exc).__name__}: {exc}")
+            )
+            continue
+        origin[id(module)] = (ep.name, dist, version)
+
+    for hook_name, (kind, record_type) in _HOOKS.items():
+        caller = getattr(pm.hook, hook_name)
+        for impl in caller.get_hookimpls():
+            plugin, dist, version = origin[id(impl.plugin)]
+            try:
+                records = list(impl.function() or [])
+            except Exception as exc:  # noqa: BLE001
+                registry.failures.append(
+                    PluginFailure(plugin, dist, version, f"{hook_name} raised {type(exc).__name__}: {exc}")
+                )
+                continue
+            for rec in records:
+                _add(registry, kind, record_type, rec, plugin, dist, version)
+    return registry
+
+
+def _add(
+    registry: Registry, kind: str, record_type: type, rec: Any, plugin: str, dist: str, version: str
+) -> None:
+    if not isinstance(rec, record_type):
+        registry.failures.append(
+            PluginFailure(
+                plugin, dist, version,
+                f"returned {type(rec).__name__} where a {record_type.__name__} was expected",
+                kind,
+            )
+        )
+        return
+    if rec.contract_version != CONTRACT_VERSION:
+        registry.failures.append(
+            PluginFailure(
+                plugin, dist, version,
+                f"written for contract version {rec.contract_version}; this kvtiers-core "
+                f"implements version {CONTRACT_VERSION}",
+                kind, rec.name,
+            )
+        )
+        return
+    reg = Registered(rec, plugin, dist, version)
+    table = registry._table(kind)
+    key = (kind, rec.name)
+    if key in registry.conflicts:
+        registry.conflicts[key].append(reg)
+    elif rec.name in table:
+        registry.conflicts[key] = [table.pop(rec.name), reg]
+    else:
+        table[rec.name] = reg
+
+
+def _core_version() -> str:
+    try:
+        return md.version(CORE_DISTRIBUTION)
+    except md.PackageNotFoundError:
+        import kvtiers
+
+        return kvtiers.__version__
+
+
+_cached: Registry | None = None
+
+
+def get_registry(refresh: bool = False) -> Registry:
+    """The process-wide registry, loaded on first use."""
+    global _cached
+    if _cached is None or refresh:
+        _cached = load_registry()
+    return _cached

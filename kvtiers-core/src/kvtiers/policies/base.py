@@ -1,0 +1,67 @@
+"""The eviction-policy interface used by the CPU pool and by any tier that wants one.
+
+Contract (every policy; tested by one shared test class):
+- `insert(key)` adds an unpinned entry (a key already present is only touched);
+- `touch(key)` records a use; `pin`/`unpin` take an entry out of / back into the
+  candidates (boolean, not counted: callers keep reference counts);
+- `evict(n)` removes and returns up to n unpinned entries, best victims first,
+  fewer if fewer are unpinned; it never examines pinned entries, so its cost is
+  O(1) per evicted entry (amortised at most) whatever share is pinned;
+- `remove(key)` forgets an entry (pinned or not); unknown keys are ignored;
+- `export()` returns recency state as a JSON-ready list (oldest first) that
+  `restore()` accepts after a restart (persistent tiers).
+`examined` counts entries a policy looked at while choosing victims, so tests can
+prove the O(1) bound by counting rather than timing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterable
+from typing import Any, ClassVar
+
+
+class EvictionPolicy(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, capacity: int | None = None):
+        """`capacity`: the number of entries the owner can hold, for policies that size
+        internal queues by it (ARC, S3-FIFO). None means unknown."""
+        self.capacity = capacity
+        self.examined = 0
+
+    @abstractmethod
+    def insert(self, key: Hashable) -> None: ...
+
+    @abstractmethod
+    def touch(self, key: Hashable) -> None: ...
+
+    @abstractmethod
+    def pin(self, key: Hashable) -> None: ...
+
+    @abstractmethod
+    def unpin(self, key: Hashable) -> None: ...
+
+    @abstractmethod
+    def evict(self, n: int = 1) -> list[Hashable]: ...
+
+    @abstractmethod
+    def remove(self, key: Hashable) -> None: ...
+
+    @abstractmethod
+    def __contains__(self, key: object) -> bool: ...
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def is_pinned(self, key: Hashable) -> bool: ...
+
+    @abstractmethod
+    def export(self) -> list[Any]:
+        """Entries oldest first, as JSON-ready values (keys as given)."""
+
+    def restore(self, state: Iterable[Any]) -> None:
+        """Re-insert exported entries, oldest first, into an empty policy."""
+        for key in state:
+            self.insert(key)
