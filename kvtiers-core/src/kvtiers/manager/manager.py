@@ -1,0 +1,657 @@
+"""`TieringOffloadingManager`: the scheduler-side bookkeeping of the CPU pool and the
+secondary tiers below it.
+
+Called from one thread (the scheduler's), once or more per step. It never waits for
+disk, network or the GPU and never hashes block bytes: tier I/O runs on the tiers'
+threads and is collected in `step()`. Every call costs O(1) per block.
+
+Per block the pool keeps one policy entry (key -> slot) and, per slot, a state byte,
+a flag byte and a hold count. A block with holds is pinned in the policy (never an
+eviction candidate, never walked). Holds are taken by engine loads
+(`prepare_load`), by a store or promotion in flight, by each queued or running
+cascade, and by peer jobs (`create_store_job`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtiers.clock import Clock, monotonic
+from kvtiers.errors import KvtiersError
+from kvtiers.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.keys import BlockKey
+from kvtiers.lookup import LookupResult
+from kvtiers.manager.breaker import CircuitBreaker
+from kvtiers.manager.events import OffloadEvent, PrefixLookup, PrepareStoreOutput
+from kvtiers.manager.tier_runtime import TierRuntime
+from kvtiers.parent import ParentManager
+from kvtiers.policies.base import EvictionPolicy
+from kvtiers.slots import SlotAllocator
+from kvtiers.tier import SecondaryTier
+
+_log = logging.getLogger("kvtiers.manager")
+
+# Slot states.
+FREE, READY, STORING, PROMOTING, QUARANTINED = 0, 1, 2, 3, 4
+# Slot flags.
+DIRTY = 1  # write_back: not yet copied to the secondary tiers
+LEAVING = 2  # write_back: evicted, freed once its cascades end
+
+WRITE_POLICIES = ("write_through", "write_back")
+# Failure reasons that say something about a tier's health (for the breaker).
+_UNHEALTHY = {FailureReason.IO, FailureReason.TIMEOUT, FailureReason.CLOSED}
+
+
+@dataclass
+class _Job:
+    kind: str  # "promote" | "cascade"
+    tier: TierRuntime
+    keys: list[BlockKey]
+    slots: list[int]
+    deadline: float
+    timed_out: bool = False
+
+
+class TieringOffloadingManager(ParentManager):
+    """See the module docstring. `tiers` are built and owned by the caller (or by
+    `kvtiers.manager.build.build_manager`); `close()` closes them."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        policy: EvictionPolicy,
+        tiers: Sequence[SecondaryTier] = (),
+        *,
+        write_policy: str = "write_through",
+        clock: Clock = monotonic,
+        job_timeout_s: float = 30.0,
+        cascade_queue_blocks: int | None = None,
+        max_job_blocks: int = 256,
+        max_inflight_cascade_blocks: int = 1024,
+        breaker_failures: int = 5,
+        breaker_cooldown_s: float = 10.0,
+        require_verified_tiers: bool = False,
+        tier_names: Sequence[str] | None = None,
+    ):
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(
+                f"write_policy must be one of {', '.join(WRITE_POLICIES)}, got {write_policy!r}"
+            )
+        if require_verified_tiers:
+            unverified = [type(t).__name__ for t in tiers if not t.verifies]
+            if unverified:
+                raise KvtiersError(
+                    f"require_verified_tiers is set but these tiers do not verify: "
+                    f"{', '.join(unverified)}"
+                )
+        self.num_slots = num_slots
+        self.write_policy = write_policy
+        self._write_back = write_policy == "write_back" and bool(tiers)
+        self._policy = policy
+        self._get = policy.get
+        self._clock = clock
+        self._timeout = job_timeout_s
+        self._max_job = max_job_blocks
+        self._max_inflight = max_inflight_cascade_blocks
+        self._alloc = SlotAllocator(num_slots)
+        self._state = bytearray(num_slots)
+        self._flags = bytearray(num_slots)
+        self._holds = array("i", bytes(4 * num_slots))
+        self._pinned = 0  # entries with holds > 0
+        if cascade_queue_blocks is None:
+            cascade_queue_blocks = max(1, min(4096, num_slots // 8))
+        names = list(tier_names) if tier_names else [type(t).__name__ for t in tiers]
+        self._tiers = [
+            TierRuntime(
+                i,
+                names[i],
+                t,
+                CircuitBreaker(clock, breaker_failures, breaker_cooldown_s),
+                cascade_queue_blocks,
+            )
+            for i, t in enumerate(tiers)
+        ]
+        self._jobs: dict[int, _Job] = {}
+        self._next_job_id = 1
+        self._events: list[OffloadEvent] = []
+        self._peer_jobs: dict[int, tuple[list[BlockKey], list[int]]] = {}
+        self._closed = False
+        self.counters = {
+            "lookups": 0,
+            "hits": 0,
+            "misses": 0,
+            "pending": 0,
+            "retries": 0,
+            "stored_blocks": 0,
+            "store_failures": 0,
+            "loaded_blocks": 0,
+            "evictions": 0,
+            "store_refused": 0,
+        }
+        serving = any(t.serves_peers for t in tiers)
+        self._lock: Any = threading.RLock() if serving else contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ lookups
+
+    def lookup(self, key: BlockKey) -> LookupResult:
+        """Where `key` is: HIT (pool, readable now), HIT_PENDING, RETRY or MISS.
+        A hit in a secondary tier reserves a slot and starts a promotion."""
+        with self._lock:
+            return self._lookup(key)
+
+    def _lookup(self, key: BlockKey) -> LookupResult:
+        c = self.counters
+        c["lookups"] += 1
+        slot = self._get(key)
+        if slot is not None:
+            if self._state[slot] == READY:
+                c["hits"] += 1
+                return LookupResult.HIT
+            c["pending"] += 1
+            return LookupResult.HIT_PENDING
+        result = self._lookup_tiers(key)
+        if result is LookupResult.MISS:
+            c["misses"] += 1
+        elif result is LookupResult.RETRY:
+            c["retries"] += 1
+        else:
+            c["pending"] += 1
+        return result
+
+    def _lookup_tiers(self, key: BlockKey) -> LookupResult:
+        retry = False
+        for rt in self._tiers:
+            if not rt.breaker.allows():
+                continue
+            try:
+                answer = rt.tier.lookup(key)
+            except Exception:  # noqa: BLE001 - a tier's failure is a miss
+                rt.counters.lookup_errors += 1
+                _log.exception("tier %s: lookup raised; treating as a miss", rt.name)
+                rt.breaker.failure()
+                continue
+            if answer is LookupResult.HIT:
+                slot = self._reserve_one()
+                if slot is None:
+                    return LookupResult.MISS
+                self._policy.insert(key, slot)
+                self._state[slot] = PROMOTING
+                self._hold(key, slot)
+                rt.promotions.append((key, slot))
+                return LookupResult.HIT_PENDING
+            if answer is LookupResult.RETRY:
+                retry = True
+        return LookupResult.RETRY if retry else LookupResult.MISS
+
+    def lookup_prefix(self, keys: Iterable[BlockKey]) -> PrefixLookup:
+        """Scan a prefix until the first MISS: how many leading blocks are readable
+        now, and whether asking again next step may find more (a promotion or probe
+        is in flight). Promotions for the whole prefix start in this one call."""
+        with self._lock:
+            hits = 0
+            leading = True
+            retry = False
+            lookup = self._lookup
+            for key in keys:
+                r = lookup(key)
+                if r is LookupResult.HIT:
+                    if leading:
+                        hits += 1
+                    continue
+                if r is LookupResult.MISS:
+                    break
+                leading = False
+                retry = True
+            return PrefixLookup(hits, retry)
+
+    # ------------------------------------------------------------------ loads
+
+    def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
+        """Pin the blocks (all must be HIT) and return their slots, in order."""
+        with self._lock:
+            get, state, hold = self._get, self._state, self._hold
+            slots = []
+            for key in keys:
+                slot = get(key)
+                if slot is None or state[slot] != READY:
+                    # Undo the holds taken so far: the call has no effect.
+                    for k, s in zip(keys, slots):
+                        self._release(k, s)
+                    raise KeyError(f"prepare_load: block {key.hex()} is not readable (not a HIT)")
+                hold(key, slot)
+                slots.append(slot)
+            self.counters["loaded_blocks"] += len(slots)
+            return slots
+
+    def complete_load(self, keys: Sequence[BlockKey]) -> None:
+        """The engine's loads of `keys` ended: unpin them."""
+        with self._lock:
+            get, release = self._get, self._release
+            for key in keys:
+                slot = get(key)
+                if slot is not None:
+                    release(key, slot)
+
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """The blocks were used: refresh recency in the pool (and tiers that care)."""
+        with self._lock:
+            touch = self._policy.touch
+            for key in keys:
+                touch(key)
+
+    # ------------------------------------------------------------------ stores
+
+    def prepare_store(self, keys: Sequence[BlockKey]) -> PrepareStoreOutput | None:
+        """Allocate slots for the keys not present, evicting unpinned blocks as
+        needed. None (and nothing allocated) when the pool cannot take them now."""
+        with self._lock:
+            get = self._get
+            new: list[BlockKey] = []
+            seen: set[BlockKey] = set()
+            for key in keys:
+                if get(key) is None and key not in seen:
+                    new.append(key)
+                    seen.add(key)
+            n = len(new)
+            evicted: list[BlockKey] = []
+            if n:
+                free = self._alloc.free_count
+                if free + (len(self._policy) - self._pinned) < n:
+                    self.counters["store_refused"] += 1
+                    return None
+                if free < n:
+                    self._evict(n - free, evicted)
+                slots = self._alloc.allocate(n)
+                if slots is None:
+                    # Dirty victims are still being copied down (write_back): the
+                    # engine may try again next step; the removals were announced.
+                    self.counters["store_refused"] += 1
+                    return None
+            else:
+                slots = []
+            insert, state, hold = self._policy.insert, self._state, self._hold
+            for key, slot in zip(new, slots):
+                insert(key, slot)
+                state[slot] = STORING
+                hold(key, slot)
+            return PrepareStoreOutput(new, slots, evicted)
+
+    def complete_store(self, keys: Sequence[BlockKey], success: bool = True) -> None:
+        """The GPU->pool copies of `keys` ended. On success they become readable and
+        (write_through) are queued for the secondary tiers; on failure they go."""
+        with self._lock:
+            get, state, flags = self._get, self._state, self._flags
+            stored: list[BlockKey] = []
+            for key in keys:
+                slot = get(key)
+                if slot is None or state[slot] != STORING:
+                    continue
+                if success:
+                    state[slot] = READY
+                    stored.append(key)
+                    if self._write_back:
+                        flags[slot] = DIRTY
+                    else:
+                        for rt in self._tiers:
+                            self._queue_cascade(rt, key, slot)
+                    self._release(key, slot)
+                else:
+                    self._drop_reserved(key, slot)
+            c = self.counters
+            if success:
+                c["stored_blocks"] += len(stored)
+                if stored:
+                    self._events.append(OffloadEvent("stored", stored))
+            else:
+                c["store_failures"] += len(keys)
+
+    # ------------------------------------------------------------------ step
+
+    def step(self) -> None:
+        """Collect finished tier jobs, time out late ones, submit queued promotions
+        and cascades. Call once per scheduler step."""
+        with self._lock:
+            for rt in self._tiers:
+                try:
+                    results = rt.tier.get_finished_jobs()
+                except Exception:  # noqa: BLE001
+                    _log.exception("tier %s: get_finished_jobs raised", rt.name)
+                    rt.breaker.failure()
+                    continue
+                for result in results:
+                    self._finish(result)
+            self._expire()
+            for rt in self._tiers:
+                self._submit_promotions(rt)
+                self._submit_cascades(rt)
+
+    def _finish(self, result: JobResult) -> None:
+        job = self._jobs.pop(result.job_id, None)
+        if job is None:
+            _log.warning("unknown job %d reported; ignored", result.job_id)
+            return
+        rt = job.tier
+        if job.timed_out:
+            # Late report of a job already counted as failed: its slots may be reused now.
+            self._settle_timed_out(job)
+            return
+        reasons = result.reasons()
+        if any(r in _UNHEALTHY for r in reasons):
+            rt.breaker.failure()
+        else:
+            rt.breaker.success()
+        rt.counters.count_errors(dict(reasons))
+        if job.kind == "promote":
+            self._land_promotion(job, result)
+        else:
+            self._end_cascade(job, result)
+
+    def _land_promotion(self, job: _Job, result: JobResult) -> None:
+        failed = result.failed
+        state = self._state
+        landed: list[BlockKey] = []
+        for key, slot in zip(job.keys, job.slots):
+            if key in failed:
+                job.tier.counters.promotion_failures += 1
+                self._drop_reserved(key, slot)
+            else:
+                state[slot] = READY
+                self._release(key, slot)
+                landed.append(key)
+        job.tier.counters.promoted_hits += len(landed)
+        if landed:
+            self._events.append(OffloadEvent("stored", landed))
+
+    def _end_cascade(self, job: _Job, result: JobResult) -> None:
+        rt = job.tier
+        rt.inflight_cascade_blocks -= len(job.keys)
+        ok = len(job.keys) - len(result.failed)
+        rt.counters.cascaded_blocks += ok
+        rt.counters.cascade_failures += len(result.failed)
+        for key, slot in zip(job.keys, job.slots):
+            self._release(key, slot)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for job in self._jobs.values():
+            if job.timed_out or job.deadline > now:
+                continue
+            job.timed_out = True
+            rt = job.tier
+            rt.counters.timeouts += 1
+            rt.counters.count_errors({FailureReason.TIMEOUT: len(job.keys)})
+            rt.breaker.failure()
+            if job.kind == "promote":
+                # The key becomes a miss now; the slot stays quarantined until the
+                # tier reports, because a stuck read may still land in it.
+                for key, slot in zip(job.keys, job.slots):
+                    self._policy.remove(key)
+                    if self._holds[slot]:
+                        self._pinned -= 1
+                    self._holds[slot] = 0
+                    self._state[slot] = QUARANTINED
+                    self._flags[slot] = 0
+            # A timed-out cascade keeps its holds: the tier may still be reading the
+            # slots, so they must not be reused until it reports.
+            else:
+                rt.inflight_cascade_blocks -= len(job.keys)
+                rt.counters.cascade_failures += len(job.keys)
+
+    def _settle_timed_out(self, job: _Job) -> None:
+        if job.kind == "promote":
+            for slot in job.slots:
+                if self._state[slot] == QUARANTINED:
+                    self._free_slot(slot)
+        else:
+            for key, slot in zip(job.keys, job.slots):
+                self._release(key, slot)
+
+    def _submit_promotions(self, rt: TierRuntime) -> None:
+        pending = rt.promotions
+        if not pending:
+            return
+        rt.promotions = []
+        for i in range(0, len(pending), self._max_job):
+            chunk = pending[i : i + self._max_job]
+            job = self._new_job("promote", rt, chunk)
+            try:
+                rt.tier.submit_load(job)
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: submit_load raised", rt.name)
+                self._jobs.pop(job.job_id)
+                rt.breaker.failure()
+                for key, slot in chunk:
+                    rt.counters.promotion_failures += 1
+                    self._drop_reserved(key, slot)
+
+    def _submit_cascades(self, rt: TierRuntime) -> None:
+        queue = rt.queue
+        if not queue:
+            return
+        if not rt.breaker.allows():
+            return
+        while queue and rt.inflight_cascade_blocks < self._max_inflight:
+            n = min(len(queue), self._max_job, self._max_inflight - rt.inflight_cascade_blocks)
+            chunk = [queue.popleft() for _ in range(n)]
+            job = self._new_job("cascade", rt, chunk)
+            rt.inflight_cascade_blocks += n
+            try:
+                rt.tier.submit_store(job)
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: submit_store raised", rt.name)
+                self._jobs.pop(job.job_id)
+                rt.breaker.failure()
+                rt.inflight_cascade_blocks -= n
+                rt.counters.cascade_failures += n
+                for key, slot in chunk:
+                    self._release(key, slot)
+                return
+
+    def _new_job(self, kind: str, rt: TierRuntime, items: list[tuple[BlockKey, int]]) -> TransferJob:
+        job_id = self._next_job_id
+        self._next_job_id += 1
+        keys = [k for k, _ in items]
+        slots = [s for _, s in items]
+        deadline = self._clock() + self._timeout
+        self._jobs[job_id] = _Job(kind, rt, keys, slots, deadline)
+        return TransferJob(job_id, keys, slots, deadline)
+
+    # ------------------------------------------------------------------ internals
+
+    def _hold(self, key: BlockKey, slot: int) -> None:
+        holds = self._holds
+        if holds[slot] == 0:
+            self._policy.pin(key)
+            self._pinned += 1
+        holds[slot] += 1
+
+    def _release(self, key: BlockKey, slot: int) -> None:
+        holds = self._holds
+        n = holds[slot] - 1
+        if n < 0:
+            raise AssertionError(f"slot {slot}: hold count below zero")
+        holds[slot] = n
+        if n:
+            return
+        self._pinned -= 1
+        if self._flags[slot] & LEAVING:
+            self._policy.remove(key)
+            self._free_slot(slot)
+            self._events.append(OffloadEvent("removed", [key]))
+        else:
+            self._policy.unpin(key)
+
+    def _drop_reserved(self, key: BlockKey, slot: int) -> None:
+        """Forget a block whose only hold was its (failed) store or promotion."""
+        self._policy.remove(key)
+        if self._holds[slot]:
+            self._pinned -= 1
+        self._holds[slot] = 0
+        self._free_slot(slot)
+
+    def _free_slot(self, slot: int) -> None:
+        self._state[slot] = FREE
+        self._flags[slot] = 0
+        self._alloc.free((slot,))
+
+    def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int) -> bool:
+        if len(rt.queue) >= rt.queue_limit or not rt.breaker.allows():
+            rt.counters.cascades_dropped += 1
+            return False
+        rt.queue.append((key, slot))
+        self._hold(key, slot)
+        return True
+
+    def _reserve_one(self) -> int | None:
+        slot = self._alloc.allocate_one()
+        if slot is None:
+            evicted: list[BlockKey] = []
+            self._evict(1, evicted)
+            slot = self._alloc.allocate_one()
+        return slot
+
+    def _evict(self, n: int, evicted: list[BlockKey]) -> None:
+        """Free up to `n` slots. Under write_back a dirty victim is copied down first
+        (it stays pinned, flagged LEAVING, and is freed when its copies end)."""
+        policy, flags = self._policy, self._flags
+        freed = 0
+        while freed < n:
+            victims = policy.evict_items(n - freed)
+            if not victims:
+                break
+            for key, slot in victims:
+                if flags[slot] & DIRTY:
+                    policy.insert(key, slot)
+                    flags[slot] = LEAVING
+                    queued = [self._queue_cascade(rt, key, slot) for rt in self._tiers]
+                    if any(queued):
+                        continue
+                    policy.remove(key)  # no tier took it: the block is dropped
+                self._free_slot(slot)
+                evicted.append(key)
+                freed += 1
+        if evicted:
+            self.counters["evictions"] += len(evicted)
+            self._events.append(OffloadEvent("removed", list(evicted)))
+
+    # ------------------------------------------------------------------ peers
+
+    def create_store_job(self, keys: Sequence[BlockKey]) -> TransferJob | None:
+        with self._lock:
+            get, state = self._get, self._state
+            slots = []
+            for key in keys:
+                slot = get(key)
+                if slot is None or state[slot] != READY:
+                    return None
+                slots.append(slot)
+            for key, slot in zip(keys, slots):
+                self._hold(key, slot)
+            job_id = self._next_job_id
+            self._next_job_id += 1
+            self._peer_jobs[job_id] = (list(keys), slots)
+            return TransferJob(job_id, list(keys), slots)
+
+    def complete_store_job(self, job_id: int) -> None:
+        with self._lock:
+            entry = self._peer_jobs.pop(job_id, None)
+            if entry is None:
+                return
+            for key, slot in zip(*entry):
+                self._release(key, slot)
+
+    # ------------------------------------------------------------------ requests
+
+    def on_request_start(self, request_id: str) -> None:
+        for rt in self._tiers:
+            try:
+                rt.tier.on_request_start(request_id)
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: on_request_start raised", rt.name)
+
+    def on_request_finished(self, request_id: str) -> None:
+        for rt in self._tiers:
+            try:
+                rt.tier.on_request_finished(request_id)
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: on_request_finished raised", rt.name)
+
+    # ------------------------------------------------------------------ misc
+
+    def take_events(self) -> list[OffloadEvent]:
+        """Stored/removed notifications since the last call (for KV-event routers)."""
+        with self._lock:
+            events, self._events = self._events, []
+            return events
+
+    def slot_of(self, key: BlockKey) -> int | None:
+        """The slot of a resident block (tests, peers); None if absent."""
+        return self._get(key)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            pool = dict(self.counters)
+            pool.update(
+                num_slots=self.num_slots,
+                resident=len(self._policy),
+                pinned=self._pinned,
+                free=self._alloc.free_count,
+            )
+            tiers = {}
+            for rt in self._tiers:
+                try:
+                    tier_stats = rt.tier.stats().as_dict()
+                except Exception:  # noqa: BLE001
+                    tier_stats = {}
+                tiers[rt.name] = {
+                    **tier_stats,
+                    **vars(rt.counters),
+                    "breaker": rt.breaker.state.value,
+                    "queued_cascades": len(rt.queue),
+                }
+            return {"pool": pool, "tiers": tiers}
+
+    def reset(self) -> None:
+        """Drop every block that is not pinned, and every queued cascade."""
+        with self._lock:
+            for rt in self._tiers:
+                while rt.queue:
+                    key, slot = rt.queue.popleft()
+                    rt.counters.cascades_dropped += 1
+                    self._release(key, slot)
+            evicted: list[BlockKey] = []
+            while True:
+                victims = self._policy.evict_items(1024)
+                if not victims:
+                    break
+                for key, slot in victims:
+                    self._free_slot(slot)
+                    evicted.append(key)
+            if evicted:
+                self._events.append(OffloadEvent("removed", evicted))
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Submit everything queued and wait for the tiers' jobs (shutdown, tests)."""
+        with self._lock:
+            self.step()
+            for rt in self._tiers:
+                rt.tier.drain(timeout)
+            self.step()
+
+    def close(self) -> None:
+        """Close every tier. The manager must not be used afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for rt in self._tiers:
+                try:
+                    rt.tier.close()
+                except Exception:  # noqa: BLE001
+                    _log.exception("tier %s: close raised", rt.name)

@@ -1,0 +1,44 @@
+"""What the manager keeps per secondary tier: the tier, its breaker, its bounded
+cascade queue and the counters credited to it."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtiers.keys import BlockKey
+from kvtiers.manager.breaker import CircuitBreaker
+from kvtiers.tier import SecondaryTier
+
+
+@dataclass
+class TierCounters:
+    promoted_hits: int = 0  # blocks promoted from this tier into the pool (credited hits)
+    promotion_failures: int = 0
+    cascaded_blocks: int = 0  # blocks copied down successfully
+    cascades_dropped: int = 0  # cascades refused because the queue was full or tier down
+    cascade_failures: int = 0
+    timeouts: int = 0  # jobs past their deadline
+    lookup_errors: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def count_errors(self, reasons: dict[Any, int]) -> None:
+        for reason, n in reasons.items():
+            name = getattr(reason, "value", str(reason))
+            self.errors[name] = self.errors.get(name, 0) + n
+
+
+@dataclass
+class TierRuntime:
+    index: int
+    name: str
+    tier: SecondaryTier
+    breaker: CircuitBreaker
+    queue_limit: int
+    # Cascades waiting for submission: (key, slot). Each queued entry holds a pin.
+    queue: deque[tuple[BlockKey, int]] = field(default_factory=deque)
+    # Promotions reserved during this step, submitted as one job in step().
+    promotions: list[tuple[BlockKey, int]] = field(default_factory=list)
+    inflight_cascade_blocks: int = 0
+    counters: TierCounters = field(default_factory=TierCounters)
