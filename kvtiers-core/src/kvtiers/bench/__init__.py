@@ -1,0 +1,1 @@
+"""Benchmarks shipped with the core: the workload generator and `kvtiers bench`."""
