@@ -1,6 +1,38 @@
 """Configuration: one JSON document, parsed and validated into typed objects before
-anything starts."""
+anything starts.
 
-from kvtiers.config.model import TierSection
+`load_config(source)` accepts a kvtiers config or vLLM's kv_transfer_config and
+returns a frozen `KvtiersConfig`, or raises one `ConfigError` listing every problem
+with its JSON path. The schema (`CORE_SCHEMA`) is also the documentation:
+`python -m kvtiers.config.docs` writes docs/configuration.md from it.
 
-__all__ = ["TierSection"]
+`load_config` is imported on first use: tier code imports `TierSection` from here
+and should not pay for jsonschema (~90 ms) to get a dataclass.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvtiers.config.model import BreakerConfig, KvtiersConfig, TierSection, WritePolicy
+from kvtiers.config.schema import CORE_SCHEMA
+
+if TYPE_CHECKING:
+    from kvtiers.config.loader import load_config
+
+__all__ = [
+    "CORE_SCHEMA",
+    "BreakerConfig",
+    "KvtiersConfig",
+    "TierSection",
+    "WritePolicy",
+    "load_config",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "load_config":
+        from kvtiers.config.loader import load_config
+
+        return load_config
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,21 @@
-"""Typed configuration objects."""
+"""Typed configuration objects.
+
+All frozen: a config is decided once, before anything starts, and then only read
+(from several threads). Tier options are read-only mappings, their lists tuples.
+`to_dict()` gives back a plain JSON document that `load_config` accepts, so a vLLM
+config can be turned into a kvtiers one (`kvtiers validate --json`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from kvtiers.config.schema import breaker_default_of, default_of
+
+WritePolicy = Literal["write_through", "write_back"]
 
 
 @dataclass(frozen=True)
@@ -17,3 +28,89 @@ class TierSection:
     type: str
     options: Mapping[str, Any]
     path: str = "$"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as JSON data: `{"type": ..., **options}`."""
+        return {"type": self.type, **thaw(self.options)}
+
+    def walk(self) -> list[TierSection]:
+        """This section and every section nested in its options, outermost first."""
+        out = [self]
+        for value in self.options.values():
+            items = value if isinstance(value, tuple) else (value,)
+            for item in items:
+                if isinstance(item, TierSection):
+                    out.extend(item.walk())
+        return out
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    """When a failing tier is skipped, and for how long (see `kvtiers.manager`)."""
+
+    failures: int = breaker_default_of("failures")
+    cooldown_s: float = breaker_default_of("cooldown_s")
+
+
+@dataclass(frozen=True)
+class KvtiersConfig:
+    """A validated config: everything the manager is built from. Field meanings and
+    defaults are those of `kvtiers.config.schema.CORE_SCHEMA` (docs/configuration.md).
+
+    `warnings` (keys accepted but ignored, such as vLLM's), `source` (a file path,
+    `<inline JSON>` or `<mapping>`) and `source_format` (`kvtiers`,
+    `vllm_kv_transfer_config` or `vllm_extra_config`) describe the loading and take
+    no part in equality."""
+
+    cpu_bytes_to_use: int
+    eviction_policy: str = default_of("eviction_policy")
+    write_policy: WritePolicy = default_of("write_policy")
+    secondary_tiers: tuple[TierSection, ...] = ()
+    require_verified_tiers: bool = default_of("require_verified_tiers")
+    cascade_queue_blocks: int | None = default_of("cascade_queue_blocks")
+    job_timeout_s: float = default_of("job_timeout_s")
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    hash_seed: int = default_of("hash_seed")
+    model: str | None = default_of("model")
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    source: str = field(default="<mapping>", compare=False)
+    source_format: str = field(default="kvtiers", compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as a kvtiers JSON document, every default written out."""
+        return {
+            "cpu_bytes_to_use": self.cpu_bytes_to_use,
+            "eviction_policy": self.eviction_policy,
+            "write_policy": self.write_policy,
+            "secondary_tiers": [t.to_dict() for t in self.secondary_tiers],
+            "require_verified_tiers": self.require_verified_tiers,
+            "cascade_queue_blocks": self.cascade_queue_blocks,
+            "job_timeout_s": self.job_timeout_s,
+            "breaker": {"failures": self.breaker.failures, "cooldown_s": self.breaker.cooldown_s},
+            "hash_seed": self.hash_seed,
+            "model": self.model,
+        }
+
+    def all_tiers(self) -> list[TierSection]:
+        """Every tier section, nested ones included, in config order."""
+        return [s for t in self.secondary_tiers for s in t.walk()]
+
+
+def freeze(value: Any) -> Any:
+    """Read-only copy of JSON data: dicts become mappingproxies, lists tuples."""
+    if isinstance(value, Mapping) and not isinstance(value, MappingProxyType):
+        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Plain JSON data back from `freeze`d data (and tier sections)."""
+    if isinstance(value, TierSection):
+        return value.to_dict()
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    return value

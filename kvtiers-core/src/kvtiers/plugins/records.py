@@ -34,13 +34,18 @@ class TierRecord:
     """A secondary tier. `cls` is the class or a lazy "module:Class" path;
     `schema` is a JSON Schema (draft 2020-12) for the tier's config section without
     its "type" key. A property whose schema carries `"x-kvtiers": "tier"` holds a
-    nested tier section (the `faulty` tier's `inner`) and is validated as one."""
+    nested tier section (the `faulty` tier's `inner`) and is validated as one.
+
+    `aliases` maps a key of vLLM's tier section to the option it means here, as a
+    dotted path (`{"n_read_threads": "threads.load"}`); it is applied only when the
+    config is a vLLM `kv_transfer_config`, so that vLLM configs load unchanged."""
 
     name: str
     cls: str | type
     schema: Mapping[str, Any]
     description: str
     contract_version: int
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def load(self) -> type:
         return _resolve(self.cls)

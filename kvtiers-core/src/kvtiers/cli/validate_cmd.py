@@ -1,0 +1,154 @@
+"""`kvtiers validate CONFIG`: check a config before anything starts.
+
+Exit 0 with a short summary of the resolved stack on stdout (warnings on stderr);
+exit 2 with one `error: <path>: <message>` line per problem (printed by
+`kvtiers.cli.main`). Imports no torch and no tier code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from kvtiers.config import KvtiersConfig, TierSection
+from kvtiers.config.humanize import format_bytes
+from kvtiers.config.model import thaw
+from kvtiers.config.schema import properties
+from kvtiers.errors import ConfigError
+from kvtiers.plugins.registry import Registry
+
+STDIN = "standard input"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "config",
+        metavar="CONFIG",
+        help="a JSON file, an inline JSON object, or - for standard input; a kvtiers "
+        "config or vLLM's kv_transfer_config",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the resolved config (defaults filled, vLLM names mapped) as a "
+        "kvtiers JSON document",
+    )
+    parser.add_argument(
+        "--skip-machine-checks",
+        action="store_true",
+        help="do not check the config against this machine's memory (for a config "
+        "meant for another machine)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvtiers.config import load_config
+    from kvtiers.config.loader import ConfigRejected
+    from kvtiers.config.messages import found
+    from kvtiers.config.source import parse_json
+    from kvtiers.plugins import get_registry
+
+    source: Any = args.config
+    if args.config == "-":
+        # Always JSON: a path-looking line on stdin must not be opened as a file.
+        source = parse_json(sys.stdin.read(), STDIN)
+        if not isinstance(source, dict):
+            raise ConfigError(f"expected a JSON object on {STDIN}, found {found(source)}")
+    registry = get_registry()
+    try:
+        config = load_config(source, registry, check_machine=not args.skip_machine_checks)
+    except ConfigRejected as exc:
+        _warn(exc.warnings)  # an ignored key may be why a required one is missing
+        raise
+    if args.config == "-":
+        config = dataclasses.replace(config, source=STDIN)
+    _warn(config.warnings)
+    if args.json:
+        print(json.dumps(config.to_dict(), indent=2))
+    else:
+        print(summary(config, registry))
+    return 0
+
+
+_FORMATS = {
+    "kvtiers": "kvtiers config",
+    "vllm_kv_transfer_config": "vLLM kv_transfer_config",
+    "vllm_extra_config": "vLLM kv_connector_extra_config",
+}
+
+
+def _warn(warnings: tuple[str, ...]) -> None:
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def summary(config: KvtiersConfig, registry: Registry) -> str:
+    """A few lines a person can check the stack against."""
+    fmt = _FORMATS.get(config.source_format, config.source_format)
+    b = config.breaker
+    lines = [
+        f"valid: {config.source} ({fmt})",
+        f"  cpu pool         {format_bytes(config.cpu_bytes_to_use)} "
+        f"({config.cpu_bytes_to_use} bytes), eviction {config.eviction_policy}, "
+        f"{config.write_policy}",
+        f"  keys             hash seed {config.hash_seed}, model "
+        f"{config.model if config.model is not None else '(from the engine)'}",
+        f"  failures         jobs time out after {_num(config.job_timeout_s)} s; a tier is "
+        f"skipped for {_num(b.cooldown_s)} s after {b.failures} failures in a row",
+        f"  cascades         {_queue(config.cascade_queue_blocks)}"
+        + ("; only verifying tiers" if config.require_verified_tiers else ""),
+    ]
+    if not config.secondary_tiers:
+        lines.append("  secondary tiers  none (the CPU pool only)")
+    else:
+        lines.append(f"  secondary tiers  {len(config.secondary_tiers)}, searched in this order:")
+        for i, tier in enumerate(config.secondary_tiers):
+            lines.extend(_tier_lines(tier, registry, f"    {i}. ", "       "))
+    return "\n".join(lines)
+
+
+def _tier_lines(tier: TierSection, registry: Registry, lead: str, indent: str) -> list[str]:
+    reg = registry.tiers.get(tier.type)
+    schema = reg.record.schema if reg is not None else {}
+    origin = f"{reg.distribution} {reg.version}" if reg is not None else "?"
+    plain: list[str] = []
+    nested: list[tuple[str, TierSection]] = []
+    for key, value in tier.options.items():
+        if isinstance(value, TierSection):
+            nested.append((key, value))
+        elif _worth_showing(key, value, properties(schema)):
+            plain.append(f"{key}={_show(key, value)}")
+    head = f"{lead}{tier.type} ({origin})"
+    lines = [head + (": " + ", ".join(plain) if plain else "")]
+    for key, inner in nested:
+        lines.extend(_tier_lines(inner, registry, f"{indent}{key}: ", indent + "  "))
+    return lines
+
+
+def _worth_showing(key: str, value: Any, props: Mapping[str, Any]) -> bool:
+    """The options that tell tiers apart: those set to something else than their
+    default (every option of a required key has no default, so it shows)."""
+    sub = props.get(key)
+    if not isinstance(sub, Mapping) or "default" not in sub:
+        return True
+    return bool(thaw(value) != sub["default"])
+
+
+def _show(key: str, value: Any) -> str:
+    if key.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+        return format_bytes(value)
+    return json.dumps(thaw(value), separators=(",", ":"))
+
+
+def _queue(blocks: int | None) -> str:
+    if blocks is None:
+        return "queue per tier sized from the pool"
+    return f"at most {blocks} blocks queued per tier"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)

@@ -1,0 +1,141 @@
+"""`load_config`: one JSON document in, a validated `KvtiersConfig` out, or one
+`ConfigError` listing every problem found.
+
+Steps: read the source (source.py); find the kvtiers document inside a vLLM
+config (vllm.py); validate the document and each tier section against its schema,
+filling defaults and looking tier and policy names up in the plugin registry
+(sections.py); then the checks a schema cannot express: the pool fits this
+machine and, if asked, every tier verifies checksums. Only the classes of tiers in
+the config are imported, and only for that last check; validation itself imports
+no tier code (and no torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtiers.config import machine, vllm
+from kvtiers.config.messages import found
+from kvtiers.config.model import BreakerConfig, KvtiersConfig, TierSection
+from kvtiers.config.paths import join, path_sort_key
+from kvtiers.config.schema import CORE_SCHEMA
+from kvtiers.config.sections import Checker
+from kvtiers.config.source import ConfigSource, read_source
+from kvtiers.errors import ConfigError, ConfigProblem, PluginError
+from kvtiers.plugins.registry import Registry, get_registry
+
+
+class ConfigRejected(ConfigError):
+    """A `ConfigError` that also carries the warnings of the rejected document: in
+    a vLLM config, "ignored: capacity_byte" explains "missing: capacity_bytes"."""
+
+    def __init__(self, problems: list[ConfigProblem], warnings: list[str]):
+        super().__init__(problems)
+        self.warnings: tuple[str, ...] = tuple(warnings)
+
+
+def load_config(
+    source: ConfigSource,
+    registry: Registry | None = None,
+    *,
+    check_machine: bool = True,
+) -> KvtiersConfig:
+    """Load and validate a config.
+
+    `source`: a file path, an inline JSON string (starts with `{`), or a mapping; a
+    kvtiers config or vLLM's kv_transfer_config (whole, or its
+    kv_connector_extra_config), told apart automatically. `registry`: where tier
+    and policy names are looked up (default: the installed plugins).
+    `check_machine=False` skips the checks against this machine's memory, to
+    validate a config meant for another machine.
+
+    Raises `ConfigError` (every problem, each with its JSON path; a `ConfigRejected`
+    with the warnings too once the document parsed) and nothing else, for any input.
+    """
+    try:
+        return _load(source, get_registry() if registry is None else registry, check_machine)
+    except RecursionError:
+        raise ConfigError("the document nests too deeply to validate") from None
+
+
+def _load(source: ConfigSource, registry: Registry, check_machine: bool) -> KvtiersConfig:
+    document = read_source(source)
+    if not isinstance(document.data, dict):
+        raise ConfigError(
+            "expected a JSON object (a kvtiers config, or vLLM's kv_transfer_config), "
+            f"found {found(document.data)}"
+        )
+    checker = Checker(registry)
+    unwrapped = vllm.unwrap(document.data, checker)
+    if unwrapped is None:
+        raise ConfigError(checker.problems)
+    checker.vllm = unwrapped.source_format != vllm.NATIVE
+    base = unwrapped.base
+    doc = checker.section(CORE_SCHEMA, unwrapped.doc, base, owner="")
+
+    pool = doc.get("cpu_bytes_to_use")
+    if check_machine and isinstance(pool, int) and not isinstance(pool, bool):
+        problems, warnings = machine.check_pool(pool, join(base, "cpu_bytes_to_use"))
+        checker.problems.extend(problems)
+        checker.warnings.extend(warnings)
+    tiers = doc.get("secondary_tiers")
+    sections = [t for t in tiers if isinstance(t, TierSection)] if isinstance(tiers, list) else []
+    if doc.get("require_verified_tiers") is True:
+        for section in sections:
+            _check_verifies(section, registry, checker)
+
+    if checker.problems:
+        unique = list(dict.fromkeys(checker.problems))
+        raise ConfigRejected(sorted(unique, key=lambda p: path_sort_key(p.path)), checker.warnings)
+    return _build(doc, checker.warnings, document.origin, unwrapped.source_format)
+
+
+def _check_verifies(section: TierSection, registry: Registry, checker: Checker) -> None:
+    """Refuse tiers whose class does not verify checksums. The class is imported
+    here, for tiers in the config only; a wrapper and what it wraps must both
+    verify, since either could hand back unchecked bytes."""
+    for s in section.walk():
+        record = registry.get("tier", s.type).record
+        where = join(s.path, "type")
+        try:
+            cls = record.load()
+        except PluginError as exc:
+            checker.problem(
+                where, f"tier {s.type!r} cannot be loaded to check that it verifies: {exc}"
+            )
+            continue
+        except Exception as exc:  # noqa: BLE001 - a plugin's module may raise anything
+            checker.problem(
+                where,
+                f"tier {s.type!r} cannot be loaded to check that it verifies: "
+                f"{type(exc).__name__}: {exc}",
+            )
+            continue
+        if not getattr(cls, "verifies", False):
+            checker.problem(
+                where,
+                f"tier {s.type!r} ({cls.__module__}.{cls.__qualname__}) does not verify "
+                "block checksums, and require_verified_tiers is true; use a verifying "
+                "tier or set require_verified_tiers to false",
+            )
+
+
+def _build(doc: dict[str, Any], warnings: list[str], origin: str, fmt: str) -> KvtiersConfig:
+    breaker = doc["breaker"]
+    return KvtiersConfig(
+        cpu_bytes_to_use=int(doc["cpu_bytes_to_use"]),
+        eviction_policy=doc["eviction_policy"],
+        write_policy=doc["write_policy"],
+        secondary_tiers=tuple(doc["secondary_tiers"]),
+        require_verified_tiers=doc["require_verified_tiers"],
+        cascade_queue_blocks=doc["cascade_queue_blocks"],
+        job_timeout_s=float(doc["job_timeout_s"]),
+        breaker=BreakerConfig(
+            failures=int(breaker["failures"]), cooldown_s=float(breaker["cooldown_s"])
+        ),
+        hash_seed=int(doc["hash_seed"]),
+        model=doc["model"],
+        warnings=tuple(warnings),
+        source=origin,
+        source_format=fmt,
+    )

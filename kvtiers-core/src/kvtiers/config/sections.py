@@ -1,0 +1,215 @@
+"""Validating sections: the top-level document and every tier section in it, each
+against its own schema, collecting every problem instead of stopping at the first.
+
+A tier section is `{"type": NAME, **options}`. NAME is looked up in the plugin
+registry (its error lists the installed tiers with a did-you-mean); the options
+are checked against that record's schema; nested tier sections (`"x-kvtiers":
+"tier"`) are checked the same way, recursively, and become `TierSection`s.
+
+In a vLLM config (`vllm=True`) a tier's vLLM key names are first mapped through
+its record's `aliases`, and unknown keys are set aside with a warning instead of
+being errors: vLLM's tier sections carry options for vLLM's own classes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
+from jsonschema.validators import Draft202012Validator, validator_for
+
+from kvtiers.config.defaults import fill_defaults
+from kvtiers.config.messages import did_you_mean, found, problems_from_error
+from kvtiers.config.model import TierSection, freeze
+from kvtiers.config.paths import PathParts, join
+from kvtiers.config.schema import (
+    is_policy_schema,
+    is_tier_array_schema,
+    is_tier_schema,
+    properties,
+    section_schema,
+)
+from kvtiers.errors import ConfigProblem, PluginError, UnknownNameError
+from kvtiers.plugins.registry import Registry
+
+# A wrapper of a wrapper of ... is legal; a thousand of them is a mistake (or an
+# attack on the recursion limit).
+MAX_TIER_DEPTH = 8
+
+
+class Checker:
+    """One validation pass over one document. Not thread-safe; cheap to create."""
+
+    def __init__(self, registry: Registry, *, vllm: bool = False):
+        self.registry = registry
+        self.vllm = vllm
+        self.problems: list[ConfigProblem] = []
+        self.warnings: list[str] = []
+        self._validators: dict[int, tuple[Mapping[str, Any], Validator]] = {}
+
+    def problem(self, path: str, message: str) -> None:
+        self.problems.append(ConfigProblem(path, message))
+
+    # -- sections ---------------------------------------------------------------
+
+    def section(
+        self,
+        schema: Mapping[str, Any],
+        doc: dict[str, Any],
+        path: str,
+        *,
+        owner: str,
+        renames: Mapping[PathParts, PathParts] | None = None,
+        aliases: Mapping[str, str] | None = None,
+        depth: int = 0,
+    ) -> dict[str, Any]:
+        """Check `doc` (a dict) against `schema`, fill its defaults and turn its
+        nested tier sections into `TierSection`s; returns `doc`, changed in place.
+        Problems are collected, never raised."""
+        validator = self._validator(schema, path, owner)
+        if validator is None:
+            return doc
+        if self.vllm:
+            self._set_aside_unknown(validator.schema, doc, path)
+        for error in validator.iter_errors(doc):
+            self.problems.extend(
+                problems_from_error(
+                    error,
+                    path,
+                    owner=owner,
+                    renames=renames or {},
+                    aliases={} if self.vllm else (aliases or {}),
+                )
+            )
+        fill_defaults(schema, doc)
+        for key, sub in properties(schema).items():
+            if key not in doc:
+                continue
+            if is_policy_schema(sub) and isinstance(doc[key], str) and doc[key]:
+                self._check_policy(doc[key], join(path, key))
+            elif is_tier_schema(sub):
+                doc[key] = self.tier(doc[key], join(path, key), depth + 1)
+            elif is_tier_array_schema(sub) and isinstance(doc[key], list):
+                doc[key] = [
+                    self.tier(item, join(path, key, i), depth + 1)
+                    for i, item in enumerate(doc[key])
+                ]
+        return doc
+
+    def tier(self, raw: Any, path: str, depth: int) -> TierSection | None:
+        """A `TierSection` from a raw tier section, or None (with problems noted)."""
+        if depth > MAX_TIER_DEPTH:
+            self.problem(path, f"tier sections nest more than {MAX_TIER_DEPTH} levels deep")
+            return None
+        if not isinstance(raw, dict):
+            self.problem(
+                path,
+                'expected a tier section (an object with "type" and that tier\'s '
+                f"options), found {found(raw)}",
+            )
+            return None
+        name = raw.get("type")
+        if not isinstance(name, str):
+            installed = ", ".join(sorted(self.registry.tiers)) or "(none)"
+            if name is None and "type" not in raw:
+                self.problem(
+                    join(path, "type"),
+                    f"missing; expected a tier name; installed tiers: {installed}",
+                )
+            else:
+                self.problem(
+                    join(path, "type"), f"expected a tier name (a string), found {found(name)}"
+                )
+            return None
+        try:
+            record = self.registry.get("tier", name).record
+        except (UnknownNameError, PluginError) as exc:
+            self.problem(join(path, "type"), str(exc))
+            return None
+        options = {k: v for k, v in raw.items() if k != "type"}
+        renames: dict[PathParts, PathParts] = {}
+        aliases = record.aliases if isinstance(record.aliases, Mapping) else {}
+        if self.vllm:
+            self._apply_aliases(aliases, options, path, renames)
+        options = self.section(
+            record.schema,
+            options,
+            path,
+            owner=f'tier "{name}"',
+            renames=renames,
+            aliases=aliases,
+            depth=depth,
+        )
+        return TierSection(name, freeze(options), path)
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _check_policy(self, name: str, path: str) -> None:
+        try:
+            self.registry.get("policy", name)
+        except (UnknownNameError, PluginError) as exc:
+            self.problem(path, str(exc))
+
+    def _validator(self, schema: Mapping[str, Any], path: str, owner: str) -> Validator | None:
+        """A validator for `schema` as a section (see `section_schema`), built once
+        per schema; a schema that is not valid JSON Schema is a plugin's bug,
+        reported at the section rather than raised."""
+        cached = self._validators.get(id(schema))
+        if cached is not None and cached[0] is schema:
+            return cached[1]
+        try:
+            shallow = section_schema(schema)
+            cls = validator_for(shallow, default=Draft202012Validator)
+            cls.check_schema(shallow)
+            validator: Validator = cls(shallow)
+        except (SchemaError, TypeError, ValueError) as exc:
+            message = getattr(exc, "message", None) or str(exc)
+            self.problem(
+                path,
+                f"the config schema of {owner} is not valid JSON Schema (a bug in its "
+                f"plugin): {message}",
+            )
+            return None
+        self._validators[id(schema)] = (schema, validator)
+        return validator
+
+    def _set_aside_unknown(self, schema: Any, doc: dict[str, Any], path: str) -> None:
+        """vLLM configs: drop keys this section's schema does not know, with a
+        warning naming each one."""
+        if not isinstance(schema, Mapping) or schema.get("patternProperties"):
+            return
+        if schema.get("additionalProperties") is not False:
+            return
+        allowed = list(properties(schema))
+        for key in [k for k in doc if k not in allowed]:
+            del doc[key]
+            self.warnings.append(
+                f"{join(path, key)}: ignored, kvtiers has no use for it{did_you_mean(key, allowed)}"
+            )
+
+    def _apply_aliases(
+        self,
+        aliases: Mapping[str, str],
+        options: dict[str, Any],
+        path: str,
+        renames: dict[PathParts, PathParts],
+    ) -> None:
+        """Move each vLLM-named key to the (dotted) option it means here."""
+        for vllm_key, target in aliases.items():
+            if vllm_key not in options:
+                continue
+            parts = tuple(target.split("."))
+            node: Any = options
+            for part in parts[:-1]:
+                node = node.setdefault(part, {}) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or parts[-1] in node:
+                self.problem(
+                    join(path, vllm_key),
+                    f'both "{vllm_key}" (vLLM\'s name) and "{target}" are set; keep one',
+                )
+                continue
+            node[parts[-1]] = copy.deepcopy(options.pop(vllm_key))
+            renames[parts] = (vllm_key,)

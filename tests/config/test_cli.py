@@ -1,0 +1,133 @@
+"""`kvtiers validate`, run as a user runs it: a subprocess, exit codes, stdout and
+stderr, and no torch imported on the way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import REPO, GiB
+
+EXAMPLE = str(REPO / "examples" / "config.json")
+VLLM_EXAMPLE = str(REPO / "examples" / "vllm_kv_transfer_config.json")
+
+
+def kvtiers(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvtiers", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+
+
+def test_valid_config_exits_0_with_a_summary() -> None:
+    done = kvtiers("validate", EXAMPLE)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    out = done.stdout
+    assert out.startswith(f"valid: {EXAMPLE} (kvtiers config)\n")
+    assert "cpu pool         2 GiB (2147483648 bytes), eviction lru, write_through" in out
+    assert "0. memory (kvtiers-core " in out and "capacity_bytes=2 GiB" in out
+    assert "1. faulty (kvtiers-core " in out
+    assert "inner: memory (kvtiers-core " in out and "capacity_bytes=1 GiB" in out
+
+
+def test_invalid_config_exits_2_with_one_line_per_problem() -> None:
+    doc = {"cpu_bytes_to_use": "10G", "secondary_tiers": [{"type": "fss"}]}
+    done = kvtiers("validate", json.dumps(doc))
+    assert done.returncode == 2
+    assert done.stdout == ""
+    first, second = done.stderr.splitlines()
+    assert first == 'error: $.cpu_bytes_to_use: expected an integer >= 1, found "10G" (string)'
+    assert second.startswith("error: $.secondary_tiers[0].type: unknown tier 'fss'; installed ")
+    assert "faulty" in second and "memory" in second
+
+
+def test_bad_json_missing_file_and_huge_pool_exit_2_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"cpu_bytes_to_use": 1,,}')
+    cases = {
+        str(bad): f"error: $: invalid JSON in {bad} at line 1, column 24: Expecting property name",
+        str(tmp_path / "missing.json"): "error: $: config file not found: ",
+        json.dumps({"cpu_bytes_to_use": 1 << 60}): "error: $.cpu_bytes_to_use: 1 EiB ",
+    }
+    for arg, start in cases.items():
+        done = kvtiers("validate", arg)
+        assert done.returncode == 2, arg
+        assert done.stderr.startswith(start), done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_skip_machine_checks() -> None:
+    done = kvtiers("validate", "--skip-machine-checks", json.dumps({"cpu_bytes_to_use": 1 << 60}))
+    assert done.returncode == 0, done.stderr
+    assert "1 EiB" in done.stdout
+
+
+def test_vllm_config_warnings_go_to_stderr_and_json_is_a_kvtiers_config() -> None:
+    done = kvtiers("validate", VLLM_EXAMPLE, "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "warning: $.kv_connector_extra_config.block_size: ignored, kvtiers has no use for it",
+        "warning: $.kv_connector_extra_config.secondary_tiers[0].n_read_threads: ignored, "
+        'kvtiers has no use for it (did you mean "threads"?)',
+        "warning: $.kv_connector_extra_config.secondary_tiers[0].n_write_threads: ignored, "
+        'kvtiers has no use for it (did you mean "threads"?)',
+    ]
+    resolved = json.loads(done.stdout)
+    assert resolved["cpu_bytes_to_use"] == 2 * GiB
+    assert resolved["secondary_tiers"][0]["type"] == "memory"
+    again = kvtiers("validate", done.stdout)
+    assert again.returncode == 0 and again.stderr == ""
+
+
+def test_warnings_are_printed_with_errors_too() -> None:
+    doc = {
+        "spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": GiB,
+        "secondary_tiers": [{"type": "memory", "capacity_byte": 1}],
+    }
+    done = kvtiers("validate", json.dumps(doc))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "warning: $.secondary_tiers[0].capacity_byte: ignored, kvtiers has no use for it "
+        '(did you mean "capacity_bytes"?)',
+        "error: $.secondary_tiers[0].capacity_bytes: missing; expected an integer >= 1 (RAM the "
+        "tier may hold, in bytes (block bytes only))",
+    ]
+
+
+def test_stdin() -> None:
+    done = kvtiers("validate", "-", stdin=json.dumps({"cpu_bytes_to_use": GiB}))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("valid: standard input (kvtiers config)")
+    assert "1 GiB" in done.stdout
+    empty = kvtiers("validate", "-", stdin="")
+    assert empty.returncode == 2
+    assert empty.stderr == (
+        "error: $: invalid JSON in standard input at line 1, column 1: Expecting value\n"
+    )
+    path_like = kvtiers("validate", "-", stdin="examples/config.json")
+    assert path_like.returncode == 2
+    assert path_like.stderr.startswith("error: $: invalid JSON in standard input")
+
+
+def test_validate_imports_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "from kvtiers.cli import main\n"
+        f"rc = main(['validate', {EXAMPLE!r}])\n"
+        f"rc2 = main(['validate', {VLLM_EXAMPLE!r}])\n"
+        "heavy = sorted(m for m in ('torch', 'numpy') if m in sys.modules)\n"
+        "print('RESULT', rc, rc2, heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "RESULT 0 0 []"

@@ -1,0 +1,354 @@
+"""Bad configs: one `ConfigError` with every problem, each naming its JSON path, what
+was found and what is allowed; never a traceback, whatever the input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kvtiers.config import load_config
+from kvtiers.config.machine import check_pool, physical_memory_bytes
+from kvtiers.config.sections import MAX_TIER_DEPTH
+from kvtiers.errors import ConfigError, ConfigProblem
+from kvtiers.plugins import Registered, Registry, TierRecord, load_registry
+from kvtiers.tier import CONTRACT_VERSION
+
+from .conftest import GiB, PlainTier
+
+# The tiers of the test registry: the core's built-ins plus conftest's fakes.
+INSTALLED = ", ".join(
+    sorted(
+        load_registry(entry_points=[], environ={}).tiers.keys()
+        | {"badschema", "checked", "disk", "ghost", "wrap"}
+    )
+)
+
+
+def test_wrong_type_says_path_found_and_allowed(problems) -> None:
+    assert problems(
+        {
+            "cpu_bytes_to_use": GiB,
+            "secondary_tiers": [{"type": "disk", "root_dir": "/kv", "capacity_bytes": "10G"}],
+        }
+    ) == ['$.secondary_tiers[0].capacity_bytes: expected an integer >= 1, found "10G" (string)']
+    assert problems({"cpu_bytes_to_use": True}) == [
+        "$.cpu_bytes_to_use: expected an integer >= 1, found true (boolean)"
+    ]
+    assert problems({"cpu_bytes_to_use": GiB, "job_timeout_s": 0, "model": 7}) == [
+        "$.job_timeout_s: expected a number > 0, found 0 (integer)",
+        "$.model: expected a non-empty string or null, found 7 (integer)",
+    ]
+
+
+def test_enum_says_the_choices_and_the_closest(problems) -> None:
+    assert problems({"cpu_bytes_to_use": GiB, "write_policy": "writeback"}) == [
+        '$.write_policy: expected one of "write_through", "write_back", found "writeback" '
+        '(string) (did you mean "write_back"?)'
+    ]
+
+
+def test_unknown_keys_get_did_you_mean(problems) -> None:
+    got = problems(
+        {
+            "cpu_bytes_to_use": GiB,
+            "evicton_policy": "lru",
+            "breaker": {"failure": 3},
+            "secondary_tiers": [{"type": "disk", "root_dir": "/kv", "capasity_bytes": 1}],
+        }
+    )
+    assert got[0].startswith(
+        '$.breaker.failure: unknown key (did you mean "failures"?); allowed keys: '
+    )
+    assert got[1].startswith('$.evicton_policy: unknown key (did you mean "eviction_policy"?); ')
+    assert got[2].startswith(
+        '$.secondary_tiers[0].capasity_bytes: unknown key for tier "disk" '
+        '(did you mean "capacity_bytes"?); allowed keys: capacity_bytes, eviction_policy, '
+        "root_dir, threads"
+    )
+    assert len(got) == 3
+
+
+def test_missing_required_keys_say_what_belongs_there(problems) -> None:
+    assert problems({"secondary_tiers": [{"type": "disk"}]}) == [
+        "$.cpu_bytes_to_use: missing; expected an integer >= 1 (Size of the CPU pool in bytes: "
+        "the shared-memory gateway between the GPU and the secondary tiers)",
+        "$.secondary_tiers[0].root_dir: missing; expected a non-empty string (where blocks go)",
+    ]
+
+
+def test_unknown_tier_lists_the_installed_ones(problems, registry: Registry) -> None:
+    [line] = problems({"cpu_bytes_to_use": GiB, "secondary_tiers": [{"type": "fss"}]})
+    assert line.startswith("$.secondary_tiers[0].type: unknown tier 'fss'; installed tiers: ")
+    for name in registry.tiers:
+        assert name in line
+    [hint] = problems({"cpu_bytes_to_use": GiB, "secondary_tiers": [{"type": "fs"}]})
+    assert "install kvtiers-fs to use type 'fs'" in hint
+    [close] = problems({"cpu_bytes_to_use": GiB, "secondary_tiers": [{"type": "memroy"}]})
+    assert "(did you mean 'memory'?)" in close
+
+
+def test_tier_section_shape_errors(problems) -> None:
+    assert problems(
+        {
+            "cpu_bytes_to_use": GiB,
+            "secondary_tiers": ["fs", {}, {"type": None}, {"type": ["memory"]}],
+        }
+    ) == [
+        '$.secondary_tiers[0]: expected a tier section (an object with "type" and that '
+        'tier\'s options), found "fs" (string)',
+        f"$.secondary_tiers[1].type: missing; expected a tier name; installed tiers: {INSTALLED}",
+        "$.secondary_tiers[2].type: expected a tier name (a string), found null",
+        '$.secondary_tiers[3].type: expected a tier name (a string), found ["memory"] (array)',
+    ]
+    assert problems({"cpu_bytes_to_use": GiB, "secondary_tiers": {"type": "memory"}}) == [
+        '$.secondary_tiers: expected an array of tier sections, found {"type": "memory"} (object)'
+    ]
+
+
+def test_unknown_policy_uses_the_registry_message(problems, registry: Registry) -> None:
+    assert problems({"cpu_bytes_to_use": GiB, "eviction_policy": "lur"}) == [
+        "$.eviction_policy: unknown policy 'lur' (did you mean 'lru'?); installed policies: "
+        + ", ".join(sorted(registry.policies))
+    ]
+    [line] = problems(
+        {
+            "cpu_bytes_to_use": GiB,
+            "secondary_tiers": [{"type": "disk", "root_dir": "/kv", "eviction_policy": "fifo"}],
+        }
+    )
+    assert line.startswith("$.secondary_tiers[0].eviction_policy: unknown policy 'fifo'")
+
+
+def test_errors_inside_nested_sections_carry_the_full_path(problems) -> None:
+    got = problems(
+        {
+            "cpu_bytes_to_use": GiB,
+            "secondary_tiers": [
+                {"type": "checked"},
+                {
+                    "type": "wrap",
+                    "rate": 2,
+                    "inner": {
+                        "type": "wrap",
+                        "inner": {"type": "disk", "root_dir": "", "threads": {"load": 0}},
+                    },
+                    "mirrors": [{"type": "nope"}],
+                },
+                {"type": "faulty", "inner": {"type": "memory", "capacity_bytes": -1}},
+            ],
+        }
+    )
+    assert got == [
+        '$.secondary_tiers[1].inner.inner.root_dir: expected a non-empty string, found "" (string)',
+        "$.secondary_tiers[1].inner.inner.threads.load: expected an integer >= 1, "
+        "found 0 (integer)",
+        f"$.secondary_tiers[1].mirrors[0].type: unknown tier 'nope'; installed tiers: {INSTALLED}",
+        "$.secondary_tiers[1].rate: expected a number >= 0 and <= 1, found 2 (integer)",
+        "$.secondary_tiers[2].inner.capacity_bytes: expected an integer >= 1, found -1 (integer)",
+    ]
+
+
+def test_missing_nested_section(problems) -> None:
+    [line] = problems({"cpu_bytes_to_use": GiB, "secondary_tiers": [{"type": "wrap"}]})
+    assert line == (
+        '$.secondary_tiers[0].inner: missing; expected a tier section (an object with "type" '
+        "and that tier's options) (the wrapped tier)"
+    )
+
+
+def test_every_problem_is_reported_at_once(problems) -> None:
+    got = problems(
+        {
+            "cpu_bytes_to_use": -1,
+            "write_policy": 1,
+            "hash_seed": -1,
+            "x": 1,
+            "breaker": {"cooldown_s": 0},
+            "secondary_tiers": [{"type": "fss"}, {"type": "disk"}],
+        }
+    )
+    assert len(got) == 7
+    assert [line.split(":")[0] for line in got] == [
+        "$.breaker.cooldown_s",
+        "$.cpu_bytes_to_use",
+        "$.hash_seed",
+        "$.secondary_tiers[0].type",
+        "$.secondary_tiers[1].root_dir",
+        "$.write_policy",
+        "$.x",
+    ]
+
+
+def test_invalid_json_says_line_and_column(problems) -> None:
+    assert problems('{\n  "cpu_bytes_to_use": 1,\n  "model": "m",\n}') == [
+        "$: invalid JSON in inline JSON at line 4, column 1: Expecting property name enclosed "
+        "in double quotes"
+    ]
+
+
+def test_invalid_json_file_names_the_file(problems, tmp_path: Path) -> None:
+    path = tmp_path / "kv.json"
+    path.write_text('{"cpu_bytes_to_use": 1 "x": 2}')
+    assert problems(path) == [
+        f"$: invalid JSON in {path} at line 1, column 24: Expecting ',' delimiter"
+    ]
+
+
+def test_json_oddities_are_refused(problems) -> None:
+    assert problems('{"cpu_bytes_to_use": 1, "cpu_bytes_to_use": 2}') == [
+        '$: key "cpu_bytes_to_use" appears twice in one object of inline JSON; JSON keeps '
+        "only the last value, so remove one"
+    ]
+    assert problems('{"cpu_bytes_to_use": 1, "job_timeout_s": Infinity}') == [
+        "$: invalid JSON in inline JSON: Infinity is not a JSON value"
+    ]
+    assert problems("[1, 2]") == [
+        "$: expected a JSON object (a kvtiers config, or vLLM's kv_transfer_config), "
+        "found [1, 2] (array)"
+    ]
+    assert problems("[" * 100_000) == ["$: invalid JSON in inline JSON: nested too deeply"]
+
+
+def test_missing_file_and_directory(problems, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    assert problems(missing) == [
+        f"$: config file not found: {str(missing)!r} (pass the path of a JSON file, or the "
+        "JSON document itself)"
+    ]
+    assert problems(tmp_path) == [f"$: {str(tmp_path)!r} is a directory, not a config file"]
+    assert problems(b"{}") == ["$: a config is a file path, a JSON string or a mapping, not bytes"]
+
+
+def test_pool_larger_than_the_machine_is_an_error_not_clamped(problems, load) -> None:
+    memory = physical_memory_bytes()
+    assert memory is not None
+    huge = 1 << 60
+    [line] = problems({"cpu_bytes_to_use": huge})
+    assert line.startswith(
+        f"$.cpu_bytes_to_use: 1 EiB ({huge} bytes) is more than this machine's physical memory, "
+    )
+    assert f"({memory} bytes); lower cpu_bytes_to_use" in line
+    assert load({"cpu_bytes_to_use": huge}, check_machine=False).cpu_bytes_to_use == huge
+
+
+def test_check_pool_against_given_memory_and_shm() -> None:
+    problems, warnings = check_pool(16 * GiB, "$.cpu_bytes_to_use", memory=8 * GiB, shm=4 * GiB)
+    assert [p.message.split(";")[0] for p in problems] == [
+        "16 GiB (17179869184 bytes) is more than this machine's physical memory, "
+        "8 GiB (8589934592 bytes)"
+    ]
+    assert warnings == []
+    problems, warnings = check_pool(6 * GiB, "$.cpu_bytes_to_use", memory=8 * GiB, shm=4 * GiB)
+    assert problems == []
+    assert warnings[0].startswith("$.cpu_bytes_to_use: 6 GiB is more than /dev/shm (4 GiB)")
+
+
+def test_require_verified_tiers_refuses_unverified_ones(problems) -> None:
+    got = problems(
+        {
+            "cpu_bytes_to_use": GiB,
+            "require_verified_tiers": True,
+            "secondary_tiers": [
+                {"type": "checked"},
+                {"type": "wrap", "inner": {"type": "disk", "root_dir": "/kv"}},
+                {"type": "ghost"},
+            ],
+        }
+    )
+    assert got[0].startswith(
+        "$.secondary_tiers[1].inner.type: tier 'disk' "
+        "(tests.config.conftest.PlainTier) does not verify block checksums"
+    )
+    assert got[1].startswith(
+        "$.secondary_tiers[2].type: tier 'ghost' cannot be loaded to check "
+        "that it verifies: cannot import 'kvtiers_no_such_module'"
+    )
+    assert len(got) == 2
+
+
+def test_a_plugin_schema_that_is_not_json_schema_is_reported(problems) -> None:
+    [line] = problems({"cpu_bytes_to_use": GiB, "secondary_tiers": [{"type": "badschema"}]})
+    assert line.startswith(
+        '$.secondary_tiers[0]: the config schema of tier "badschema" is not '
+        "valid JSON Schema (a bug in its plugin): "
+    )
+
+
+def test_a_name_two_plugins_register_names_both(registry: Registry) -> None:
+    reg = Registry(tiers=dict(registry.tiers), policies=dict(registry.policies))
+    rec = TierRecord("twice", PlainTier, {"type": "object"}, "x", CONTRACT_VERSION)
+    reg.conflicts[("tier", "twice")] = [
+        Registered(rec, "a", "kvtiers-a", "1"),
+        Registered(rec, "b", "kvtiers-b", "1"),
+    ]
+    with pytest.raises(ConfigError) as info:
+        load_config({"cpu_bytes_to_use": GiB, "secondary_tiers": [{"type": "twice"}]}, reg)
+    [p] = info.value.problems
+    assert p.path == "$.secondary_tiers[0].type"
+    assert "registered by both kvtiers-a (plugin 'a') and kvtiers-b (plugin 'b')" in p.message
+
+
+def test_tier_nesting_is_bounded(problems) -> None:
+    section: dict = {"type": "checked"}
+    for _ in range(MAX_TIER_DEPTH + 2):
+        section = {"type": "wrap", "inner": section}
+    got = problems({"cpu_bytes_to_use": GiB, "secondary_tiers": [section]})
+    assert got == [
+        "$.secondary_tiers[0]"
+        + ".inner" * MAX_TIER_DEPTH
+        + f": tier sections nest more than {MAX_TIER_DEPTH} levels deep"
+    ]
+
+
+def test_problems_are_config_problems(registry: Registry) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config({"cpu_bytes_to_use": "1"}, registry)
+    assert info.value.problems == [
+        ConfigProblem("$.cpu_bytes_to_use", 'expected an integer >= 1, found "1" (string)')
+    ]
+
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.sampled_from(["memory", "faulty", "wrap", "disk", "lru", "write_back"]),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "type",
+                    "inner",
+                    "cpu_bytes_to_use",
+                    "secondary_tiers",
+                    "breaker",
+                    "root_dir",
+                    "threads",
+                    "kv_connector_extra_config",
+                    "spec_name",
+                    "x",
+                ]
+            )
+            | st.text(max_size=6),
+            children,
+            max_size=5,
+        )
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=_json)
+def test_any_json_loads_or_raises_config_error(registry: Registry, doc: object) -> None:
+    for source in (doc, json.dumps(doc)) if isinstance(doc, dict) else (json.dumps(doc),):
+        try:
+            load_config(source, registry, check_machine=False)
+        except ConfigError as exc:
+            assert exc.problems and all(p.path.startswith("$") for p in exc.problems)
