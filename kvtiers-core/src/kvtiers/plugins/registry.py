@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import importlib.metadata as md
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -164,8 +165,13 @@ def unknown_name_message(
 _KNOWN_DISTRIBUTIONS = {"fs": "kvtiers-fs", "s3": "kvtiers-s3", "p2p": "kvtiers-p2p"}
 
 
+def _canonical(name: str) -> str:
+    """Distribution names compare as PEP 503 normalises them (kvtiers_fs == kvtiers-fs)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _split_env(value: str | None) -> set[str]:
-    return {v.strip() for v in (value or "").split(",") if v.strip()}
+    return {_canonical(v.strip()) for v in (value or "").split(",") if v.strip()}
 
 
 def load_registry(
@@ -193,14 +199,14 @@ def load_registry(
     for ep in entry_points:
         dist = ep.dist.name if ep.dist is not None else "?"
         version = ep.dist.version if ep.dist is not None else "?"
-        names = {ep.name, dist}
+        names = {_canonical(ep.name), _canonical(dist)}
         if names & disabled or (allowed is not None and not names & allowed):
             continue
         try:
             module = ep.load()
             pm.register(module, name=f"{dist}:{ep.name}")
-        except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything, exit too
+            if isinstance(exc, KeyboardInterrupt):
                 raise
             registry.failures.append(
                 PluginFailure(ep.name, dist, version, f"{type(exc).__name__}: {exc}")

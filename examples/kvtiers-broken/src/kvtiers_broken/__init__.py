@@ -1,0 +1,1 @@
+"""kvtiers-broken: a plugin that fails on import, for the plugin system's tests."""
