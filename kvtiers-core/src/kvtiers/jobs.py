@@ -45,6 +45,9 @@ class TransferJob:
             raise ValueError(
                 f"job {self.job_id}: {len(self.keys)} keys but {len(self.slots)} slots"
             )
+        # A result holds one outcome per key, so a key may appear only once.
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"job {self.job_id}: a key appears more than once")
 
 
 @dataclass(slots=True)
@@ -52,7 +55,9 @@ class JobResult:
     """What happened to a job: which keys succeeded, which failed and why.
 
     A tier reports each submitted job exactly once, and only when none of its own
-    I/O can still touch the job's slots.
+    I/O can still touch the job's slots. `bytes_moved` counts block bytes copied to
+    or from the pool (a store of keys already present moves 0); `seconds` is the
+    wall time the tier spent on the job (perf_counter), not the injectable clock.
     """
 
     job_id: int

@@ -12,7 +12,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from kvtiers.clock import Clock, monotonic
 from kvtiers.jobs import JobResult, TransferJob
@@ -52,14 +52,16 @@ class SecondaryTier(ABC):
     """A storage tier below the CPU pool. Construct with `(ctx, config)`, where
     `config` is the tier's validated config section (defaults filled in)."""
 
+    # Capability flags. Read them from the instance, not the class: a wrapper (the
+    # `faulty` tier) takes its inner tier's flags per instance.
     #: blocks survive a restart of the process (usage and recency too)
-    persistent: ClassVar[bool] = False
+    persistent: bool = False
     #: several processes may use one store at once (lookup may answer RETRY)
-    shared: ClassVar[bool] = False
+    shared: bool = False
     #: implements `serve_external_requests`
-    serves_peers: ClassVar[bool] = False
+    serves_peers: bool = False
     #: checksums every block on store and verifies it on load (`corrupt` on mismatch)
-    verifies: ClassVar[bool] = False
+    verifies: bool = False
 
     def __init__(self, ctx: TierContext, config: Mapping[str, Any]):
         self.ctx = ctx
