@@ -105,7 +105,8 @@ class TieringOffloadingManager(ParentManager):
         self._holds = array("i", bytes(4 * num_slots))
         self._pinned = 0  # entries with holds > 0
         if cascade_queue_blocks is None:
-            cascade_queue_blocks = max(1, min(4096, num_slots // 8))
+            # Queued and running cascades of all tiers together pin at most half the pool.
+            cascade_queue_blocks = max(1, min(4096, num_slots // (2 * max(1, len(tiers)))))
         names = list(tier_names) if tier_names else [type(t).__name__ for t in tiers]
         self._tiers = [
             TierRuntime(
@@ -501,7 +502,10 @@ class TieringOffloadingManager(ParentManager):
         self._alloc.free((slot,))
 
     def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int) -> bool:
-        if len(rt.queue) >= rt.queue_limit or not rt.breaker.allows():
+        """Queue a copy of the block to `rt` (taking a hold), or drop and count it
+        when the tier's queued plus running cascades reach its bound or it is down."""
+        busy = len(rt.queue) + rt.inflight_cascade_blocks
+        if busy >= rt.queue_limit or not rt.breaker.allows():
             rt.counters.cascades_dropped += 1
             return False
         rt.queue.append((key, slot))
@@ -520,9 +524,9 @@ class TieringOffloadingManager(ParentManager):
         """Free up to `n` slots. Under write_back a dirty victim is copied down first
         (it stays pinned, flagged LEAVING, and is freed when its copies end)."""
         policy, flags = self._policy, self._flags
-        freed = 0
-        while freed < n:
-            victims = policy.evict_items(n - freed)
+        freed = leaving = 0
+        while freed + leaving < n:
+            victims = policy.evict_items(n - freed - leaving)
             if not victims:
                 break
             for key, slot in victims:
@@ -531,6 +535,7 @@ class TieringOffloadingManager(ParentManager):
                     flags[slot] = LEAVING
                     queued = [self._queue_cascade(rt, key, slot) for rt in self._tiers]
                     if any(queued):
+                        leaving += 1
                         continue
                     policy.remove(key)  # no tier took it: the block is dropped
                 self._free_slot(slot)

@@ -21,12 +21,14 @@ class TierCounters:
     cascade_failures: int = 0
     timeouts: int = 0  # jobs past their deadline
     lookup_errors: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
+    # Failed keys of this tier's jobs by reason, as the manager saw them (a job past
+    # its deadline counts as `timeout` here even if the tier reports it later).
+    job_errors: dict[str, int] = field(default_factory=dict)
 
     def count_errors(self, reasons: dict[Any, int]) -> None:
         for reason, n in reasons.items():
             name = getattr(reason, "value", str(reason))
-            self.errors[name] = self.errors.get(name, 0) + n
+            self.job_errors[name] = self.job_errors.get(name, 0) + n
 
 
 @dataclass

@@ -2,7 +2,9 @@
 by name through the plugin registry (the core's built-ins are registered in
 `kvtiers.plugins.builtins`)."""
 
+from kvtiers.policies.arc import ARCPolicy
 from kvtiers.policies.base import EvictionPolicy
 from kvtiers.policies.lru import LRUPolicy
+from kvtiers.policies.sieve import SievePolicy
 
-__all__ = ["EvictionPolicy", "LRUPolicy"]
+__all__ = ["ARCPolicy", "EvictionPolicy", "LRUPolicy", "SievePolicy"]

@@ -1,10 +1,14 @@
 """The eviction-policy interface used by the CPU pool and by any tier that wants one.
 
 Contract (every policy; tested by one shared test class):
-- `insert(key)` adds an unpinned entry (a key already present is only touched);
+- `insert(key, value=None)` adds an unpinned entry carrying `value` (the CPU pool
+  stores the slot there, so one structure per block serves as index and order); a
+  key already present is only touched and keeps its value;
+- `get(key, default=None)` returns the value of an entry, pinned or not;
 - `touch(key)` records a use; `pin`/`unpin` take an entry out of / back into the
   candidates (boolean, not counted: callers keep reference counts);
-- `evict(n)` removes and returns up to n unpinned entries, best victims first,
+- `evict_items(n)` removes and returns up to n unpinned `(key, value)` pairs, best
+  victims first; `evict(n)` the same without values;
   fewer if fewer are unpinned; it never examines pinned entries, so its cost is
   O(1) per evicted entry (amortised at most) whatever share is pinned;
 - `remove(key)` forgets an entry (pinned or not); unknown keys are ignored;
@@ -31,7 +35,10 @@ class EvictionPolicy(ABC):
         self.examined = 0
 
     @abstractmethod
-    def insert(self, key: Hashable) -> None: ...
+    def insert(self, key: Hashable, value: Any = None) -> None: ...
+
+    @abstractmethod
+    def get(self, key: Hashable, default: Any = None) -> Any: ...
 
     @abstractmethod
     def touch(self, key: Hashable) -> None: ...
@@ -43,7 +50,10 @@ class EvictionPolicy(ABC):
     def unpin(self, key: Hashable) -> None: ...
 
     @abstractmethod
-    def evict(self, n: int = 1) -> list[Hashable]: ...
+    def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]: ...
+
+    def evict(self, n: int = 1) -> list[Hashable]:
+        return [key for key, _ in self.evict_items(n)]
 
     @abstractmethod
     def remove(self, key: Hashable) -> None: ...

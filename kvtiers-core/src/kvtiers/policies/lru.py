@@ -1,14 +1,25 @@
-"""Least recently used. Unpinned entries sit in an ordered dict (oldest first);
-pinning moves an entry out of it, so eviction pops from the front without ever
-walking pinned entries. Unpinning puts the entry back as most recent: it was in use."""
+"""Least recently used.
+
+Unpinned entries sit in an ordered dict, oldest first; eviction pops from the front.
+Pinning moves an entry out of that dict into `_pinned`, so eviction never walks a
+pinned entry. Unpinning puts the entry back as most recent: it was just in use.
+
+Each entry carries the value given to `insert` (the pool keeps its slot there, so one
+structure per block serves as both index and recency). Memory: one OrderedDict entry
+per unpinned key, one dict entry per pinned key; no per-entry objects of our own.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from operator import itemgetter
 from typing import Any, ClassVar
 
 from kvtiers.policies.base import EvictionPolicy
+
+_MISSING: Any = object()
+_KEY = itemgetter(0)
 
 
 class LRUPolicy(EvictionPolicy):
@@ -16,41 +27,51 @@ class LRUPolicy(EvictionPolicy):
 
     def __init__(self, capacity: int | None = None):
         super().__init__(capacity)
-        self._order: OrderedDict[Hashable, None] = OrderedDict()
-        self._pinned: set[Hashable] = set()
+        self._order: OrderedDict[Hashable, Any] = OrderedDict()
+        # A dict rather than a set: it holds values and keeps pin order for `export`.
+        self._pinned: dict[Hashable, Any] = {}
 
-    def insert(self, key: Hashable) -> None:
-        if key in self._pinned:
-            return
-        self._order[key] = None
-        self._order.move_to_end(key)
+    def insert(self, key: Hashable, value: Any = None) -> None:
+        """Add `key` with `value`; a key already present is only touched (its value
+        is kept)."""
+        order = self._order
+        if key in order:
+            order.move_to_end(key)
+        elif key not in self._pinned:  # a pinned key: unpinning will make it newest
+            order[key] = value
 
     def touch(self, key: Hashable) -> None:
         if key in self._order:
             self._order.move_to_end(key)
 
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        value = self._order.get(key, _MISSING)
+        return self._pinned.get(key, default) if value is _MISSING else value
+
     def pin(self, key: Hashable) -> None:
-        if key in self._order:
-            del self._order[key]
-            self._pinned.add(key)
+        value = self._order.pop(key, _MISSING)
+        if value is not _MISSING:
+            self._pinned[key] = value
 
     def unpin(self, key: Hashable) -> None:
-        if key in self._pinned:
-            self._pinned.discard(key)
-            self._order[key] = None
+        value = self._pinned.pop(key, _MISSING)
+        if value is not _MISSING:
+            self._order[key] = value
 
-    def evict(self, n: int = 1) -> list[Hashable]:
-        victims: list[Hashable] = []
+    def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]:
         order = self._order
+        victims: list[tuple[Hashable, Any]] = []
         while order and len(victims) < n:
-            key, _ = order.popitem(last=False)
-            victims.append(key)
+            victims.append(order.popitem(last=False))
         self.examined += len(victims)
         return victims
 
+    def evict(self, n: int = 1) -> list[Hashable]:
+        return list(map(_KEY, self.evict_items(n)))  # no per-call comprehension frame
+
     def remove(self, key: Hashable) -> None:
         self._order.pop(key, None)
-        self._pinned.discard(key)
+        self._pinned.pop(key, None)
 
     def __contains__(self, key: object) -> bool:
         return key in self._order or key in self._pinned
@@ -62,4 +83,7 @@ class LRUPolicy(EvictionPolicy):
         return key in self._pinned
 
     def export(self) -> list[Any]:
+        """Victim order (oldest first), then pinned entries in pin order: restoring
+        them reproduces the eviction order exactly, pinned entries coming back as
+        the most recent, as unpinning would make them. Values are not exported."""
         return [*self._order, *self._pinned]
