@@ -6,12 +6,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test bench plugins lint clean
 
-$(STAMP): requirements-dev.txt kvtiers-core/pyproject.toml
+# Every local distribution (kvtiers-core, kvtiers-fs, ...) is installed editable.
+DISTS := $(wildcard kvtiers-*/pyproject.toml)
+
+$(STAMP): requirements-dev.txt $(DISTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: an unpinned resolve pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -r requirements-dev.txt
-	$(BIN)/pip install -q -e kvtiers-core
+	$(BIN)/pip install -q $(foreach d,$(DISTS),-e $(dir $(d)))
 	touch $(STAMP)
 
 setup: $(STAMP)
