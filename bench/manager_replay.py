@@ -39,7 +39,7 @@ def build_events(spec: WorkloadSpec) -> list[tuple[str, object]]:
 
 def replay(events, num_slots: int, policy: str, measure_memory: bool = False) -> dict:
     cls = get_registry().get_policy(policy).record.load()
-    mgr = TieringOffloadingManager(num_slots, cls(capacity=num_slots))
+    mgr = TieringOffloadingManager(num_slots, cls.for_slots(num_slots))
     ops = 0
     hits_blocks = 0
     lookup_blocks = 0
@@ -93,6 +93,7 @@ def replay(events, num_slots: int, policy: str, measure_memory: bool = False) ->
             mgr.on_request_finished(req.req_id)
         if i % 64 == 0:
             mgr.step()
+            mgr.take_events()
     elapsed = perf() - t0
     gc.enable()
     result = {
@@ -108,6 +109,11 @@ def replay(events, num_slots: int, policy: str, measure_memory: bool = False) ->
         "prepare_store_p99_us": statistics.quantiles(store_lat, n=100)[98] * 1e6,
     }
     if measure_memory:
+        # What the caller still holds (results of calls in flight) is not manager state.
+        inflight.clear()
+        del loads, keys, new, out
+        mgr.take_events()
+        gc.collect()
         snap = tracemalloc.take_snapshot()
         tracemalloc.stop()
         # Count only memory allocated by kvtiers' own code (the manager, policy,

@@ -49,7 +49,7 @@ class Harness:
         kwargs.setdefault("cascade_queue_blocks", num_slots)
         self.mgr = TieringOffloadingManager(
             num_slots,
-            policy or LRUPolicy(num_slots),
+            policy or LRUPolicy.for_slots(num_slots),
             self.tiers,
             clock=self.clock,
             tier_names=[t["type"] for t in tiers],

@@ -34,6 +34,12 @@ class EvictionPolicy(ABC):
         self.capacity = capacity
         self.examined = 0
 
+    @classmethod
+    def for_slots(cls, num_slots: int) -> EvictionPolicy:
+        """This policy for a CPU pool: values are slot numbers `0..num_slots-1`. A
+        policy may return a variant laid out for that case (LRU does)."""
+        return cls(capacity=num_slots)
+
     @abstractmethod
     def insert(self, key: Hashable, value: Any = None) -> None: ...
 

@@ -31,6 +31,12 @@ class LRUPolicy(EvictionPolicy):
         # A dict rather than a set: it holds values and keeps pin order for `export`.
         self._pinned: dict[Hashable, Any] = {}
 
+    @classmethod
+    def for_slots(cls, num_slots: int) -> EvictionPolicy:
+        from kvtiers.policies.slot_lru import SlotLRUPolicy
+
+        return SlotLRUPolicy(num_slots)
+
     def insert(self, key: Hashable, value: Any = None) -> None:
         """Add `key` with `value`; a key already present is only touched (its value
         is kept)."""

@@ -1,0 +1,181 @@
+"""Least recently used, for a CPU pool whose values are slot numbers.
+
+The same policy as `LRUPolicy`, laid out for the scheduler's memory budget: a plain
+dict maps key -> slot, and recency is a doubly linked list threaded through two
+int32 arrays indexed by slot (plus a slot -> key list for eviction). An OrderedDict
+costs ~120-150 bytes per entry under churn; this costs the dict entry (~52 bytes,
+kept compact, see below), 8 bytes of links and 8 of back-reference.
+
+Pinned entries are unlinked, so eviction walks unpinned entries only: O(1) per
+victim. CPython dicts never shrink, and churn (insert + delete) makes them resize to
+3x their live size; rebuilding the dict in place every `len/2` insertions keeps it
+at its compact size, for an amortised cost of about two entry copies per insertion.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable
+from typing import Any, ClassVar
+
+from kvtiers.policies.base import EvictionPolicy
+
+
+class SlotLRUPolicy(EvictionPolicy):
+    """LRU over values that are slot numbers in `0..capacity-1` (each used by at
+    most one entry at a time)."""
+
+    name: ClassVar[str] = "lru"
+
+    def __init__(self, capacity: int | None = None):
+        if capacity is None or capacity < 0:
+            raise ValueError("SlotLRUPolicy needs the number of slots as its capacity")
+        super().__init__(capacity)
+        head = capacity  # sentinel: next[head] is the oldest, prev[head] the newest
+        self._head = head
+        self._next = array("i", [head]) * (capacity + 1)
+        self._prev = array("i", [head]) * (capacity + 1)
+        self._keys: list[Hashable | None] = [None] * capacity
+        self._pinned = bytearray(capacity)
+        self._index: dict[Hashable, int] = {}
+        # Bound once: the manager calls `get` for every block it looks up.
+        self.get = self._index.get  # type: ignore[method-assign]
+        self._inserts = 0
+        self.pinned_count = 0
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        # Shadowed per instance by the index's own bound `get` (see __init__).
+        return self._index.get(key, default)
+
+    # The linked list. Kept inline in the callers below where it saves a call.
+
+    def _link_newest(self, slot: int) -> None:
+        head, prev, nxt = self._head, self._prev, self._next
+        last = prev[head]
+        nxt[last] = slot
+        prev[slot] = last
+        nxt[slot] = head
+        prev[head] = slot
+
+    def _unlink(self, slot: int) -> None:
+        prev, nxt = self._prev, self._next
+        p = prev[slot]
+        n = nxt[slot]
+        nxt[p] = n
+        prev[n] = p
+
+    def insert(self, key: Hashable, value: Any = None) -> None:
+        index = self._index
+        slot = index.get(key)
+        if slot is not None:
+            self.touch(key)
+            return
+        if not isinstance(value, int) or not 0 <= value < self._head:
+            raise ValueError(f"value must be a slot number in 0..{self._head - 1}, got {value!r}")
+        index[key] = value
+        self._keys[value] = key
+        self._link_newest(value)
+        self._inserts += 1
+        if self._inserts > 1024 and self._inserts > len(index) // 2:
+            self._compact()
+
+    def _compact(self) -> None:
+        index = self._index
+        fresh = dict(index)
+        index.clear()
+        index.update(fresh)
+        self._inserts = 0
+
+    def touch(self, key: Hashable) -> None:
+        slot = self._index.get(key)
+        if slot is None or self._pinned[slot]:
+            return
+        prev, nxt, head = self._prev, self._next, self._head
+        p = prev[slot]
+        n = nxt[slot]
+        nxt[p] = n
+        prev[n] = p
+        last = prev[head]
+        nxt[last] = slot
+        prev[slot] = last
+        nxt[slot] = head
+        prev[head] = slot
+
+    def pin(self, key: Hashable) -> None:
+        slot = self._index.get(key)
+        if slot is None or self._pinned[slot]:
+            return
+        self._pinned[slot] = 1
+        self.pinned_count += 1
+        prev, nxt = self._prev, self._next
+        p = prev[slot]
+        n = nxt[slot]
+        nxt[p] = n
+        prev[n] = p
+
+    def unpin(self, key: Hashable) -> None:
+        slot = self._index.get(key)
+        if slot is None or not self._pinned[slot]:
+            return
+        self._pinned[slot] = 0
+        self.pinned_count -= 1
+        head, prev, nxt = self._head, self._prev, self._next
+        last = prev[head]
+        nxt[last] = slot
+        prev[slot] = last
+        nxt[slot] = head
+        prev[head] = slot
+
+    def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]:
+        head, prev, nxt, keys, index = self._head, self._prev, self._next, self._keys, self._index
+        victims: list[tuple[Hashable, Any]] = []
+        slot = nxt[head]
+        while slot != head and len(victims) < n:
+            key = keys[slot]
+            keys[slot] = None
+            del index[key]
+            victims.append((key, slot))
+            slot = nxt[slot]
+        nxt[head] = slot
+        prev[slot] = head
+        self.examined += len(victims)
+        return victims
+
+    def remove(self, key: Hashable) -> None:
+        slot = self._index.pop(key, None)
+        if slot is None:
+            return
+        self._keys[slot] = None
+        if self._pinned[slot]:
+            self._pinned[slot] = 0
+            self.pinned_count -= 1
+        else:
+            self._unlink(slot)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def is_pinned(self, key: Hashable) -> bool:
+        slot = self._index.get(key)
+        return slot is not None and bool(self._pinned[slot])
+
+    def export(self) -> list[Any]:
+        """Unpinned keys oldest first, then pinned keys (as `LRUPolicy.export`)."""
+        out: list[Any] = []
+        head, nxt, keys = self._head, self._next, self._keys
+        slot = nxt[head]
+        while slot != head:
+            out.append(keys[slot])
+            slot = nxt[slot]
+        pinned = self._pinned
+        out.extend(k for k, s in self._index.items() if pinned[s])
+        return out
+
+    def restore(self, state: Any) -> None:
+        raise NotImplementedError(
+            "SlotLRUPolicy holds slot numbers, which do not survive a restart; "
+            "persistent tiers restore an LRUPolicy"
+        )
