@@ -35,6 +35,7 @@ import stat
 import struct
 from dataclasses import dataclass
 
+from kvtiers.humanize import format_bytes
 from kvtiers.errors import KvtiersError
 from kvtiers.pool_view import ALIGN
 
@@ -68,12 +69,7 @@ class PinError(PoolError, RuntimeError):
     """The pool cannot be registered with CUDA (no CUDA, or the driver refused)."""
 
 
-def human_bytes(n: int) -> str:
-    """`n` in the largest binary unit that keeps it >= 1 (GiB at most), 2 decimals."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
+human_bytes = format_bytes  # kept as the pool modules' name for it
 
 
 # ---------------------------------------------------------------------------- limits

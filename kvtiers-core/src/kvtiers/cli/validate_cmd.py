@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtiers.config import KvtiersConfig, TierSection
-from kvtiers.config.humanize import format_bytes
+from kvtiers.humanize import format_bytes
 from kvtiers.config.model import thaw
 from kvtiers.config.schema import properties
 from kvtiers.errors import ConfigError

@@ -1,4 +1,6 @@
-"""What this machine can honour: a CPU pool must fit in physical memory.
+"""What this machine can honour: a CPU pool must fit in physical memory (or the
+container's limit). The allocator (`kvtiers.pool_memory`) checks again, against
+what is available at that moment, before it allocates anything.
 
 A pool larger than memory is an error, never clamped: a silently smaller pool
 would change hit rates without anyone deciding it. /dev/shm is only a warning: the
@@ -8,33 +10,31 @@ processes); the pool allocator refuses it then.
 
 from __future__ import annotations
 
-import os
-
-from kvtiers.config.humanize import format_bytes
+from kvtiers.humanize import format_bytes
 from kvtiers.errors import ConfigProblem
+from kvtiers.pool_memory import memory_limits, shm_space
 
 SHM_DIR = "/dev/shm"
 
 
 def physical_memory_bytes() -> int | None:
-    """Physical memory of the machine, or None where the OS does not say."""
+    """The most memory a pool may ever take here: physical RAM, or the cgroup
+    (container) limit when lower; None where the OS does not say."""
     try:
-        pages = os.sysconf("SC_PHYS_PAGES")
-        page_size = os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
+        limits = memory_limits()
+    except (OSError, ValueError):
         return None
-    if pages <= 0 or page_size <= 0:
-        return None
-    return int(pages) * int(page_size)
+    if limits.cgroup is not None:
+        return min(limits.physical, limits.cgroup)
+    return limits.physical
 
 
 def shm_bytes(directory: str = SHM_DIR) -> int | None:
     """Total size of the shared-memory filesystem, or None if there is none."""
     try:
-        st = os.statvfs(directory)
+        return shm_space(directory)[1]
     except (AttributeError, OSError):
         return None
-    return st.f_blocks * st.f_frsize
 
 
 def check_pool(
