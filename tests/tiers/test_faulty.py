@@ -56,14 +56,6 @@ def ctx() -> TierContext:
     return make_context(BB, 64)
 
 
-@pytest.fixture
-def tiers() -> Iterator[list[SecondaryTier]]:
-    opened: list[SecondaryTier] = []
-    yield opened
-    for t in opened:
-        t.close()
-
-
 def faulty(ctx: TierContext, tiers: list[SecondaryTier], **faults: Any) -> FaultyTier:
     tier = create_tier(faulty_section(**faults), ctx)
     assert isinstance(tier, FaultyTier)

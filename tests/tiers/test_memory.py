@@ -57,14 +57,6 @@ def ctx() -> TierContext:
     return make_context(BB, 16)
 
 
-@pytest.fixture
-def tiers() -> Iterator[list[SecondaryTier]]:
-    opened: list[SecondaryTier] = []
-    yield opened
-    for t in opened:
-        t.close()
-
-
 def memory(ctx: TierContext, tiers: list[SecondaryTier], **options: Any) -> MemoryTier:
     tier = MemoryTier(ctx, {"capacity_bytes": 4 * BB, **options})
     tiers.append(tier)

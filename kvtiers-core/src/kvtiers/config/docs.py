@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kvtiers.config.messages import numeric_bounds
 from kvtiers.config.schema import (
     CORE_SCHEMA,
     is_policy_schema,
@@ -190,14 +191,7 @@ def _type_text(schema: Mapping[str, Any]) -> str:
             if "minimum" in schema and "maximum" in schema:
                 word += f" from {schema['minimum']} to {schema['maximum']}"
             else:
-                for key, sign in (
-                    ("minimum", ">="),
-                    ("exclusiveMinimum", ">"),
-                    ("maximum", "<="),
-                    ("exclusiveMaximum", "<"),
-                ):
-                    if key in schema:
-                        word += f" {sign} {schema[key]}"
+                word += "".join(f" {bound}" for bound in numeric_bounds(schema))
         elif t == "array" and isinstance(schema.get("items"), Mapping):
             item = schema["items"]
             word = "array of " + (_type_text(item) if item else "any")

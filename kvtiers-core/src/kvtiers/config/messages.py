@@ -110,18 +110,19 @@ def describe(schema: Any) -> str:
     return " or ".join(_describe_type(name, schema) for name in names)
 
 
+_BOUNDS = (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
+
+
+def numeric_bounds(schema: Mapping[str, Any], show: Any = str) -> list[str]:
+    """A number schema's bounds as `>= 1`, `< 10`, ... (each value through `show`)."""
+    return [f"{sign} {show(schema[key])}" for key, sign in _BOUNDS if key in schema]
+
+
 def _describe_type(name: str, schema: Mapping[str, Any]) -> str:
     words = _TYPE_WORDS.get(name, name)
     limits: list[str] = []
     if name in ("integer", "number"):
-        for key, sign in (
-            ("minimum", ">="),
-            ("exclusiveMinimum", ">"),
-            ("maximum", "<="),
-            ("exclusiveMaximum", "<"),
-        ):
-            if key in schema:
-                limits.append(f"{sign} {show(schema[key])}")
+        limits.extend(numeric_bounds(schema, show))
         if "multipleOf" in schema:
             limits.append(f"a multiple of {show(schema['multipleOf'])}")
     elif name == "string":
