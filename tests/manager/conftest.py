@@ -12,13 +12,14 @@ import pytest
 
 from kvtiers.clock import ManualClock
 from kvtiers.config.model import TierSection
+from kvtiers.integrity import checksum
 from kvtiers.keys import make_key
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.namespace import BlockGeometry, Namespace
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.pool_view import PoolView
-from kvtiers.tier import TierContext
+from kvtiers.tier import SecondaryTier, TierContext
 from kvtiers.tiers import create_tier
 
 BLOCK = 4096 + 512  # not a multiple of 4 KiB: slots are rounded up
@@ -39,23 +40,38 @@ class Harness:
         self.clock = ManualClock()
         self.pool = PoolView.anonymous(num_slots, BLOCK)
         self.namespace = Namespace("test/model", (BlockGeometry(2, 2, 64, "float16", 16),))
-        self.tiers = [
-            create_tier(
-                TierSection(t["type"], t["options"], f"$.secondary_tiers[{i}]"),
-                TierContext(self.pool, self.namespace, self.clock, name=t["type"]),
-            )
-            for i, t in enumerate(tiers)
-        ]
+        self.tiers = [self._make_tier(i, t) for i, t in enumerate(tiers)]
         kwargs.setdefault("cascade_queue_blocks", num_slots)
+        # A spec may name its tier ("name") so that two tiers of one type stay apart.
+        kwargs.setdefault("tier_names", [t.get("name", t["type"]) for t in tiers])
         self.mgr = TieringOffloadingManager(
             num_slots,
             policy or LRUPolicy.for_slots(num_slots),
             self.tiers,
             clock=self.clock,
-            tier_names=[t["type"] for t in tiers],
             **kwargs,
         )
         self.content: dict[bytes, bytes] = {}
+
+    def _make_tier(self, i: int, spec: dict[str, Any]) -> SecondaryTier:
+        """A tier from a spec: {"type", "options"} built through the registry, or
+        {"type", "factory"} where `factory(ctx)` builds a test tier by hand."""
+        name = spec.get("name", spec["type"])
+        ctx = TierContext(self.pool, self.namespace, self.clock, name=name)
+        if "factory" in spec:
+            return spec["factory"](ctx)
+        section = TierSection(spec["type"], spec["options"], f"$.secondary_tiers[{i}]")
+        return create_tier(section, ctx)
+
+    def seed(self, tier: SecondaryTier, k: bytes, data: bytes | None = None) -> bytes:
+        """Put a block straight into a memory tier (or a faulty tier's inner memory
+        tier) behind the manager's back, touching no pool slot; return its bytes."""
+        store = getattr(tier, "inner", tier)._store
+        data = os.urandom(BLOCK) if data is None else data
+        assert store.reserve() is not None, "tier full"
+        store.commit(1, [(k, data, checksum(data))])
+        self.content[k] = data
+        return data
 
     def store(self, keys: Sequence[bytes], success: bool = True) -> list[bytes]:
         """The engine stores `keys`: prepare, write random bytes, complete."""

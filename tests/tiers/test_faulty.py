@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any, ClassVar
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mmap
 import threading
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from typing import Any, ClassVar
 
 import pytest
