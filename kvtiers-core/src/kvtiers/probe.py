@@ -44,6 +44,7 @@ class AsyncProbe:
         self._max_cached = max_cached
         self._verdicts: dict[BlockKey, tuple[bool, float]] = {}
         self._queued: dict[BlockKey, None] = {}
+        self._inflight: frozenset[BlockKey] = frozenset()  # the batch being probed
         self._cv = threading.Condition()
         self._closed = False
         self._busy = False
@@ -56,13 +57,15 @@ class AsyncProbe:
         """HIT/MISS from a fresh verdict, else RETRY (and the key is probed soon)."""
         now = self._clock()
         with self._cv:
+            if self._closed:
+                return LookupResult.MISS
             verdict = self._verdicts.get(key)
             if verdict is not None and verdict[1] > now:
                 return LookupResult.HIT if verdict[0] else LookupResult.MISS
-            if not self._closed and key not in self._queued:
+            if key not in self._queued and key not in self._inflight:
                 self._queued[key] = None
                 self._cv.notify()
-            return LookupResult.RETRY if not self._closed else LookupResult.MISS
+            return LookupResult.RETRY
 
     def record(self, key: BlockKey, exists: bool) -> None:
         """Set a verdict the tier knows first-hand (it just wrote or deleted the key)."""
@@ -83,13 +86,15 @@ class AsyncProbe:
         with self._cv:
             return self._cv.wait_for(lambda: not self._queued and not self._busy, timeout)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop probing. Waits at most `timeout` for a probe in progress: the thread
+        is a daemon, and a probe stuck on the network must not hang shutdown."""
         with self._cv:
             self._closed = True
             self._queued.clear()
             self._cv.notify_all()
         if self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout)
 
     def _remember(self, key: BlockKey, exists: bool, until: float) -> None:
         if len(self._verdicts) >= self._max_cached and key not in self._verdicts:
@@ -105,6 +110,7 @@ class AsyncProbe:
                     return
                 batch = list(self._queued)
                 self._queued.clear()
+                self._inflight = frozenset(batch)
                 self._busy = True
             try:
                 found = set(self._fn(batch))
@@ -118,5 +124,6 @@ class AsyncProbe:
                     self._remember(key, hit, now + (self._hit_ttl if hit else self._miss_ttl))
                 self.batches += 1
                 self.probed += len(batch)
+                self._inflight = frozenset()
                 self._busy = False
                 self._cv.notify_all()

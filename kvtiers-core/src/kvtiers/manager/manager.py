@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -168,7 +169,7 @@ class TieringOffloadingManager(ParentManager):
     def _lookup_tiers(self, key: BlockKey) -> LookupResult:
         retry = False
         for rt in self._tiers:
-            if not rt.breaker.allows():
+            if rt.stuck_blocks >= rt.queue_limit or not rt.breaker.allows():
                 continue
             try:
                 answer = rt.tier.lookup(key)
@@ -198,17 +199,32 @@ class TieringOffloadingManager(ParentManager):
             hits = 0
             leading = True
             retry = False
-            lookup = self._lookup
-            for key in keys:
-                r = lookup(key)
-                if r is LookupResult.HIT:
-                    if leading:
-                        hits += 1
-                    continue
-                if r is LookupResult.MISS:
-                    break
-                leading = False
-                retry = True
+            lookup, get = self._lookup, self._get
+            # A promotion started further on must not evict a block this call reports
+            # as readable: once the scan first goes down to a tier, the leading hits
+            # are held until it ends. (Pool-only scans take no holds at all.)
+            leading_hits: list[tuple[BlockKey, int]] = []
+            holding = False
+            try:
+                for key in keys:
+                    if not holding and self._tiers and get(key) is None:
+                        for k, s in leading_hits:
+                            self._hold(k, s)
+                        holding = True
+                    r = lookup(key)
+                    if r is LookupResult.HIT:
+                        if leading:
+                            hits += 1
+                            leading_hits.append((key, get(key)))
+                        continue
+                    if r is LookupResult.MISS:
+                        break
+                    leading = False
+                    retry = True
+            finally:
+                if holding:
+                    for k, s in leading_hits:
+                        self._release(k, s)
             return PrefixLookup(hits, retry)
 
     # ------------------------------------------------------------------ loads
@@ -245,6 +261,13 @@ class TieringOffloadingManager(ParentManager):
             touch = self._policy.touch
             for key in keys:
                 touch(key)
+            for rt in self._tiers:
+                if not rt.breaker.allows():
+                    continue
+                try:
+                    rt.tier.touch(keys)
+                except Exception:  # noqa: BLE001
+                    _log.exception("tier %s: touch raised", rt.name)
 
     # ------------------------------------------------------------------ stores
 
@@ -355,10 +378,11 @@ class TieringOffloadingManager(ParentManager):
 
     def _land_promotion(self, job: _Job, result: JobResult) -> None:
         failed = result.failed
+        ok = set(result.ok)
         state = self._state
         landed: list[BlockKey] = []
         for key, slot in zip(job.keys, job.slots):
-            if key in failed:
+            if key in failed or key not in ok:  # a key the tier did not report ok
                 job.tier.counters.promotion_failures += 1
                 self._drop_reserved(key, slot)
             else:
@@ -385,6 +409,7 @@ class TieringOffloadingManager(ParentManager):
                 continue
             job.timed_out = True
             rt = job.tier
+            rt.stuck_blocks += len(job.keys)
             rt.counters.timeouts += 1
             rt.counters.count_errors({FailureReason.TIMEOUT: len(job.keys)})
             rt.breaker.failure()
@@ -405,6 +430,7 @@ class TieringOffloadingManager(ParentManager):
                 rt.counters.cascade_failures += len(job.keys)
 
     def _settle_timed_out(self, job: _Job) -> None:
+        job.tier.stuck_blocks -= len(job.keys)
         if job.kind == "promote":
             for slot in job.slots:
                 if self._state[slot] == QUARANTINED:
@@ -437,8 +463,9 @@ class TieringOffloadingManager(ParentManager):
             return
         if not rt.breaker.allows():
             return
-        while queue and rt.inflight_cascade_blocks < self._max_inflight:
-            n = min(len(queue), self._max_job, self._max_inflight - rt.inflight_cascade_blocks)
+        while queue and rt.inflight_cascade_blocks + rt.stuck_blocks < self._max_inflight:
+            room = self._max_inflight - rt.inflight_cascade_blocks - rt.stuck_blocks
+            n = min(len(queue), self._max_job, room)
             chunk = [queue.popleft() for _ in range(n)]
             job = self._new_job("cascade", rt, chunk)
             rt.inflight_cascade_blocks += n
@@ -504,7 +531,7 @@ class TieringOffloadingManager(ParentManager):
     def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int) -> bool:
         """Queue a copy of the block to `rt` (taking a hold), or drop and count it
         when the tier's queued plus running cascades reach its bound or it is down."""
-        busy = len(rt.queue) + rt.inflight_cascade_blocks
+        busy = len(rt.queue) + rt.inflight_cascade_blocks + rt.stuck_blocks
         if busy >= rt.queue_limit or not rt.breaker.allows():
             rt.counters.cascades_dropped += 1
             return False
@@ -556,12 +583,13 @@ class TieringOffloadingManager(ParentManager):
                 if slot is None or state[slot] != READY:
                     return None
                 slots.append(slot)
+            # Built first: it refuses a repeated key before any hold is taken.
+            job = TransferJob(self._next_job_id, list(keys), slots)
+            self._next_job_id += 1
             for key, slot in zip(keys, slots):
                 self._hold(key, slot)
-            job_id = self._next_job_id
-            self._next_job_id += 1
-            self._peer_jobs[job_id] = (list(keys), slots)
-            return TransferJob(job_id, list(keys), slots)
+            self._peer_jobs[job.job_id] = (list(job.keys), slots)
+            return job
 
     def complete_store_job(self, job_id: int) -> None:
         with self._lock:
@@ -641,13 +669,30 @@ class TieringOffloadingManager(ParentManager):
             if evicted:
                 self._events.append(OffloadEvent("removed", evicted))
 
-    def drain(self, timeout: float | None = None) -> None:
-        """Submit everything queued and wait for the tiers' jobs (shutdown, tests)."""
-        with self._lock:
-            self.step()
+    def drain(self, timeout: float | None = None) -> bool:
+        """Submit everything queued and wait for the tiers' jobs (shutdown, tests).
+        False when `timeout` passed or the tiers stopped making progress (a tier
+        that never reports, a breaker holding cascades back). Never holds the lock
+        while it waits: a peer-serving tier's threads may need the manager."""
+        end = None if timeout is None else time.monotonic() + timeout
+        self.step()
+        while True:
+            with self._lock:
+                if not self._jobs and not any(rt.queue or rt.promotions for rt in self._tiers):
+                    return True
+                before = (set(self._jobs), [len(rt.queue) for rt in self._tiers])
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return False
             for rt in self._tiers:
-                rt.tier.drain(timeout)
+                try:
+                    rt.tier.drain(left)
+                except Exception:  # noqa: BLE001
+                    _log.exception("tier %s: drain raised", rt.name)
             self.step()
+            with self._lock:
+                if (set(self._jobs), [len(rt.queue) for rt in self._tiers]) == before:
+                    return False
 
     def close(self) -> None:
         """Close every tier. The manager must not be used afterwards."""
@@ -655,8 +700,10 @@ class TieringOffloadingManager(ParentManager):
             if self._closed:
                 return
             self._closed = True
-            for rt in self._tiers:
-                try:
-                    rt.tier.close()
-                except Exception:  # noqa: BLE001
-                    _log.exception("tier %s: close raised", rt.name)
+        # Not under the lock: a tier's close may wait for its threads, which may be
+        # serving a peer through this manager.
+        for rt in self._tiers:
+            try:
+                rt.tier.close()
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: close raised", rt.name)

@@ -43,4 +43,7 @@ class TierRuntime:
     # Promotions reserved during this step, submitted as one job in step().
     promotions: list[tuple[BlockKey, int]] = field(default_factory=list)
     inflight_cascade_blocks: int = 0
+    # Blocks of jobs past their deadline that the tier has not reported yet: still
+    # pinned (cascades) or quarantined (promotions). Counted against `queue_limit`.
+    stuck_blocks: int = 0
     counters: TierCounters = field(default_factory=TierCounters)
