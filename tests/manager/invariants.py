@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from kvtiers.manager.manager import (
+from kvtiers.manager.slot_state import (
     DIRTY,
     FREE,
     LEAVING,
@@ -17,8 +17,8 @@ from kvtiers.manager.manager import (
     QUARANTINED,
     READY,
     STORING,
-    TieringOffloadingManager,
 )
+from kvtiers.manager import TieringOffloadingManager
 from kvtiers.pool_view import PoolView
 
 Content = Callable[[bytes], bytes] | Mapping[bytes, bytes]

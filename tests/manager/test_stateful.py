@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 
 from kvtiers.lookup import LookupResult
 from kvtiers.manager.events import OffloadEvent
-from kvtiers.manager.manager import PROMOTING, READY, STORING
+from kvtiers.manager.slot_state import PROMOTING, READY, STORING
 from kvtiers.policies.arc import ARCPolicy
 from kvtiers.policies.base import EvictionPolicy
 from kvtiers.policies.lru import LRUPolicy
