@@ -83,6 +83,9 @@ def _load(source: ConfigSource, registry: Registry, check_machine: bool) -> Kvti
     if doc.get("require_verified_tiers") is True:
         for section in sections:
             _check_verifies(section, registry, checker)
+    if check_machine and not checker.problems:
+        for section in sections:
+            _check_tier_machine(section, registry, checker)
 
     if checker.problems:
         unique = list(dict.fromkeys(checker.problems))
@@ -118,6 +121,25 @@ def _check_verifies(section: TierSection, registry: Registry, checker: Checker) 
                 "block checksums, and require_verified_tiers is true; use a verifying "
                 "tier or set require_verified_tiers to false",
             )
+
+
+def _check_tier_machine(section: TierSection, registry: Registry, checker: Checker) -> None:
+    """Each tier's own checks against this machine (`TierRecord.check`), for the
+    tiers in the config only; their problems' paths are rebased onto the section."""
+    for s in section.walk():
+        record = registry.get("tier", s.type).record
+        try:
+            check = record.load_check()
+            problems = check(s.options) if check is not None else []
+        except Exception as exc:  # noqa: BLE001 - a plugin's check may raise anything
+            checker.problem(
+                s.path, f"tier {s.type!r}: its machine check failed: {type(exc).__name__}: {exc}"
+            )
+            continue
+        for problem in problems:
+            rel = str(getattr(problem, "path", "$"))
+            rel = rel[1:] if rel.startswith("$") else "." + rel
+            checker.problem(s.path + rel, str(getattr(problem, "message", problem)))
 
 
 def _build(doc: dict[str, Any], warnings: list[str], origin: str, fmt: str) -> KvtiersConfig:

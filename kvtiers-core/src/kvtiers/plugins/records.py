@@ -38,7 +38,13 @@ class TierRecord:
 
     `aliases` maps a key of vLLM's tier section to the option it means here, as a
     dotted path (`{"n_read_threads": "threads.load"}`); it is applied only when the
-    config is a vLLM `kv_transfer_config`, so that vLLM configs load unchanged."""
+    config is a vLLM `kv_transfer_config`, so that vLLM configs load unchanged.
+
+    `check` (optional; a callable or a lazy "module:function" path) runs the checks
+    a schema cannot express against this machine - a directory that must exist and
+    be writable, a device that must be there. `check(options)` gets the validated
+    section and returns `ConfigProblem`s with paths relative to it ("$.root_dir");
+    `load_config` runs it unless machine checks are off (`--skip-machine-checks`)."""
 
     name: str
     cls: str | type
@@ -46,9 +52,15 @@ class TierRecord:
     description: str
     contract_version: int
     aliases: Mapping[str, str] = field(default_factory=dict)
+    check: str | Callable[[Mapping[str, Any]], list[Any]] | None = None
 
     def load(self) -> type:
         return _resolve(self.cls)
+
+    def load_check(self) -> Callable[[Mapping[str, Any]], list[Any]] | None:
+        if self.check is None or callable(self.check):
+            return self.check
+        return _resolve(self.check)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,256 @@
+"""Moving one block between a pool slot and its file, on an I/O thread.
+
+One `pwritev`/`preadv` per block: the header page (a per-thread aligned buffer) and
+the slot itself (a memoryview of the pool, 4 KiB aligned) in one call, so the block
+bytes are never copied in Python. A block whose size is not a multiple of 4 KiB
+has its last partial page staged through a second per-thread page (a copy of less
+than 4 KiB), so that O_DIRECT transfers stay aligned and a load never writes the
+slot's padding. The checksum is computed here, from the slot bytes being written,
+and verified here, on the bytes placed in the slot, before a load counts as done.
+
+A block becomes visible only complete: it is written under a temporary name and
+renamed with RENAME_NOREPLACE (link+unlink where the filesystem lacks it), so an
+existing file - another writer's - is never replaced, truncated or overwritten.
+`durable` adds fsync of the file before the rename and of the directory after.
+
+Everything here raises OSError on I/O errors; the caller turns them into per-key
+failures.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import errno
+import mmap
+import os
+import stat
+import threading
+from dataclasses import dataclass
+
+from kvtiers.integrity import checksum
+
+from kvtiers_fs import layout
+from kvtiers_fs.layout import ALIGN, HEADER_BYTES, HeaderError
+
+O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _renameat2 = _libc.renameat2
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                           ctypes.c_uint]
+    _renameat2.restype = ctypes.c_int
+except (OSError, AttributeError):  # pragma: no cover - non-glibc platforms
+    _renameat2 = None
+
+
+class ReadOutcome(enum.Enum):
+    OK = "ok"
+    MISSING = "missing"  # no file
+    CORRUPT = "corrupt"  # a file at our name that is not a valid copy of this block
+    FOREIGN = "foreign"  # an intact header of another layout version or namespace
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    outcome: ReadOutcome
+    why: str = ""
+
+
+_local = threading.local()
+
+
+def _pages() -> tuple[memoryview, memoryview]:
+    """This thread's aligned header page and tail page (mmap is page aligned)."""
+    pages = getattr(_local, "pages", None)
+    if pages is None:
+        buf = mmap.mmap(-1, 2 * ALIGN)
+        mv = memoryview(buf)
+        pages = _local.pages = (mv[:ALIGN], mv[ALIGN:])
+        _local.buf = buf
+    return pages
+
+
+class BlockIO:
+    """Reads and writes block files of one size in one namespace. Thread-safe."""
+
+    def __init__(self, namespace: str, block_bytes: int, *, o_direct: bool, durable: bool):
+        self.namespace = namespace
+        self.block_bytes = block_bytes
+        self.o_direct = o_direct
+        self.durable = durable
+        self.file_bytes = layout.file_bytes(block_bytes)
+        self._floor = block_bytes - block_bytes % ALIGN  # aligned part of the block
+        self._tail = block_bytes - self._floor  # bytes staged through the tail page
+        self._direct = O_DIRECT if o_direct else 0
+
+    # -- store ------------------------------------------------------------------
+
+    def write(self, shard_fd: int, idn: bytes, key: bytes, writer: int,
+              block: memoryview) -> None:
+        """Write `block` (a slot's block bytes) as the file of `idn`; visible only once
+        complete. An existing file of that name is kept (it is the same block)."""
+        header, tail = _pages()
+        digest = checksum(block)
+        raw = layout.pack_header(key, self.namespace, self.block_bytes, digest)
+        header[: len(raw)] = raw
+        header[len(raw) :] = bytes(ALIGN - len(raw))
+        buffers = [header, block[: self._floor]] if self._floor else [header]
+        if self._tail:
+            tail[: self._tail] = block[self._floor :]
+            tail[self._tail :] = bytes(ALIGN - self._tail)
+            buffers.append(tail)
+        tmp = layout.tmp_name(idn, writer)
+        fd = layout.open_file(tmp, shard_fd,
+                              os.O_WRONLY | os.O_CREAT | os.O_EXCL | self._direct)
+        try:
+            _pwritev_all(fd, buffers, 0)
+            if self.durable:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            layout.unlink_quiet(tmp, shard_fd)
+            raise
+        os.close(fd)
+        try:
+            rename_noreplace(shard_fd, tmp, layout.block_name(idn))
+        except FileExistsError:
+            layout.unlink_quiet(tmp, shard_fd)  # the block is there already: keep it
+        except BaseException:
+            layout.unlink_quiet(tmp, shard_fd)
+            raise
+        if self.durable:
+            os.fsync(shard_fd)
+
+    # -- load -------------------------------------------------------------------
+
+    def read(self, shard_fd: int, idn: bytes, key: bytes, block: memoryview) -> ReadResult:
+        """Read the file of `idn` into `block` and verify it. Only OK means the slot
+        holds this block's bytes; otherwise the slot (never anything outside it) may
+        hold anything."""
+        try:
+            # O_NONBLOCK: a FIFO planted at our name must not hang the thread.
+            fd = layout.open_file(layout.block_name(idn), shard_fd,
+                                  os.O_RDONLY | os.O_NONBLOCK | self._direct)
+        except FileNotFoundError:
+            return ReadResult(ReadOutcome.MISSING)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOTDIR):
+                return ReadResult(ReadOutcome.CORRUPT, "not a regular file (symlink?)")
+            if exc.errno == errno.EINVAL and not _is_regular_at(layout.block_name(idn), shard_fd):
+                return ReadResult(ReadOutcome.CORRUPT, "not a regular file")  # O_DIRECT FIFO
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return ReadResult(ReadOutcome.CORRUPT, "not a regular file")
+            if st.st_size != self.file_bytes:
+                return ReadResult(ReadOutcome.CORRUPT,
+                                  f"{st.st_size} bytes, expected {self.file_bytes}")
+            header, tail = _pages()
+            buffers = [header, block[: self._floor]] if self._floor else [header]
+            if self._tail:
+                buffers.append(tail)
+            got = _preadv_all(fd, buffers, 0)
+        finally:
+            os.close(fd)
+        if got != self.file_bytes:
+            return ReadResult(ReadOutcome.CORRUPT, f"short read: {got} bytes")
+        try:
+            h = layout.parse_header(header)
+        except HeaderError as exc:
+            outcome = ReadOutcome.FOREIGN if exc.foreign else ReadOutcome.CORRUPT
+            return ReadResult(outcome, str(exc))
+        if h.namespace != self.namespace:
+            return ReadResult(ReadOutcome.FOREIGN, f"namespace {h.namespace}")
+        if h.key != key:
+            return ReadResult(ReadOutcome.CORRUPT, "header names another key")
+        if h.block_bytes != self.block_bytes:
+            return ReadResult(ReadOutcome.CORRUPT, f"block of {h.block_bytes} bytes")
+        if self._tail:
+            block[self._floor :] = tail[: self._tail]
+        if checksum(block) != h.checksum:
+            return ReadResult(ReadOutcome.CORRUPT, "checksum mismatch")
+        return ReadResult(ReadOutcome.OK)
+
+
+def _is_regular_at(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _pwritev_all(fd: int, buffers: list[memoryview], offset: int) -> None:
+    """pwritev until everything is written (a full disk shows as a short write, then
+    ENOSPC)."""
+    while buffers:
+        n = os.pwritev(fd, buffers, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        offset += n
+        while buffers and n >= len(buffers[0]):
+            n -= len(buffers[0])
+            buffers = buffers[1:]
+        if n:
+            buffers = [buffers[0][n:], *buffers[1:]]
+
+
+def _preadv_all(fd: int, buffers: list[memoryview], offset: int) -> int:
+    total = 0
+    while buffers:
+        n = os.preadv(fd, buffers, offset)
+        if n <= 0:
+            break  # end of file: the caller compares the total with the file size
+        total += n
+        offset += n
+        while buffers and n >= len(buffers[0]):
+            n -= len(buffers[0])
+            buffers = buffers[1:]
+        if n:
+            buffers = [buffers[0][n:], *buffers[1:]]
+    return total
+
+
+def rename_noreplace(dir_fd: int, src: str, dst: str) -> None:
+    """Rename `src` to `dst` within `dir_fd`; FileExistsError if `dst` exists."""
+    if _renameat2 is not None:
+        if _renameat2(dir_fd, src.encode(), dir_fd, dst.encode(), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), dst)
+    # Filesystems without RENAME_NOREPLACE: a hard link also refuses to replace.
+    os.link(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    layout.unlink_quiet(src, dir_fd)
+
+
+def probe_o_direct(dir_fd: int) -> bool:
+    """True when files in `dir_fd` can be written and read back with O_DIRECT."""
+    if not O_DIRECT:
+        return False
+    name = f".odirect-probe.{os.getpid()}.{os.urandom(4).hex()}{layout.TMP_SUFFIX}"
+    try:
+        fd = layout.open_file(name, dir_fd, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_DIRECT)
+    except OSError:
+        return False
+    out, back = mmap.mmap(-1, ALIGN), mmap.mmap(-1, ALIGN)
+    out[:] = os.urandom(ALIGN)
+    try:
+        with memoryview(out) as src, memoryview(back) as dst:
+            return (os.pwritev(fd, [src], 0) == ALIGN
+                    and os.preadv(fd, [dst], 0) == ALIGN and back[:] == out[:])
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        layout.unlink_quiet(name, dir_fd)
+        out.close()
+        back.close()
+
+
+__all__ = ["HEADER_BYTES", "BlockIO", "ReadOutcome", "ReadResult", "probe_o_direct",
+           "rename_noreplace"]

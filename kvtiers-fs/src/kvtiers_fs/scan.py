@@ -1,0 +1,56 @@
+"""A full scan of a namespace's block files: the fallback that rebuilds the index
+when there is no usable snapshot or journal (a namespace directory written before
+the journal existed, or one damaged by a power loss without `durable`).
+
+Only names are read, plus one `lstat` per block file (its size and mtime); no file
+is opened. Symlinks and other non-regular entries are ignored, never followed.
+Temporary files of dead writers are removed; nothing else is.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+
+from kvtiers_fs import layout
+from kvtiers_fs.layout import Ident
+
+
+def scan_blocks(
+    blocks_fd: int, writer_dead: Callable[[int], bool]
+) -> list[tuple[int, Ident, int]]:
+    """(mtime_ns, ident, file bytes) of every block file, oldest first."""
+    found: list[tuple[int, Ident, int]] = []
+    with os.scandir(blocks_fd) as shards:
+        names = [e.name for e in shards if e.is_dir(follow_symlinks=False)
+                 and len(e.name) == 3 and _is_hex(e.name)]
+    for name in names:
+        try:
+            shard = layout.open_dir(name, blocks_fd)
+        except OSError:
+            continue  # a symlink swapped in, or gone: not ours to read
+        try:
+            with os.scandir(shard) as entries:
+                for e in entries:
+                    idn = layout.parse_block_name(e.name)
+                    if idn is not None:
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue
+                        if stat.S_ISREG(st.st_mode):
+                            found.append((st.st_mtime_ns, idn, st.st_size))
+                        continue
+                    writer = layout.parse_tmp_name(e.name)
+                    if writer is not None and e.is_file(follow_symlinks=False) \
+                            and writer_dead(writer):
+                        layout.unlink_quiet(e.name, shard)
+        finally:
+            os.close(shard)
+    found.sort()
+    return found
+
+
+def _is_hex(s: str) -> bool:
+    return all(c in "0123456789abcdef" for c in s)
