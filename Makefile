@@ -23,11 +23,11 @@ test: setup
 	$(BIN)/python -m pytest -q tests
 
 bench: setup
-	$(BIN)/kvtiers plugins
-	$(BIN)/kvtiers validate examples/config.json
+	$(BIN)/kvtiers bench
 
 lint: setup
-	$(BIN)/python -m ruff check kvtiers-core tests || true
+	$(BIN)/pip install -q ruff
+	$(BIN)/ruff check --select F,E9 kvtiers-core kvtiers-fs tests bench examples
 
 clean:
 	rm -rf $(VENV)

@@ -56,7 +56,7 @@ def kvtiers_register_policies() -> list[PolicyRecord]:
 
 @hookimpl
 def kvtiers_register_commands() -> list[CommandRecord]:
-    from kvtiers.cli import plugins_cmd, validate_cmd
+    from kvtiers.cli import bench_cmd, plugins_cmd, validate_cmd
 
     return [
         CommandRecord(
@@ -71,6 +71,13 @@ def kvtiers_register_commands() -> list[CommandRecord]:
             "check a config (kvtiers or vLLM kv_transfer_config) and summarise the stack",
             validate_cmd.add_arguments,
             validate_cmd.run,
+            CONTRACT_VERSION,
+        ),
+        CommandRecord(
+            "bench",
+            "replay a chat workload through the real stack, moving and verifying real bytes",
+            bench_cmd.add_arguments,
+            bench_cmd.run,
             CONTRACT_VERSION,
         ),
     ]

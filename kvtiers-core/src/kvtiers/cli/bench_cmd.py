@@ -1,0 +1,388 @@
+"""`kvtiers bench`: replay a multi-turn, shared-prefix chat workload through the real
+stack (manager + DeviceSwapper + the configured tiers), moving real bytes and
+checking every block loaded back; or `--model-check`: a tiny transformer's logits
+are identical whether its KV stayed on the "GPU" or came back through kvtiers.
+
+Exit status: 0 done (every loaded byte matched); 1 wrong bytes reached the GPU or
+the model check failed; 2 a config or option the machine cannot honour (printed by
+`kvtiers.cli.main`, one line per problem). Imports torch only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvtiers.bench.defaults import DEFAULT_CPU_BYTES, DEFAULT_FS_BYTES, DEFAULT_WORKLOAD
+from kvtiers.bench.presets import DEFAULT_GPU_TFLOPS, DEFAULT_PRESET, PRESETS
+from kvtiers.humanize import format_bytes
+
+W = DEFAULT_WORKLOAD
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (
+        f"Without --config: a CPU pool of {format_bytes(DEFAULT_CPU_BYTES)} and an fs tier of "
+        f"{format_bytes(DEFAULT_FS_BYTES)} in a temporary directory (removed afterwards), "
+        "sized for a 2-core / 24 GiB machine.\nExit status: 0 ok, 1 wrong bytes reached the "
+        "GPU (or the model check failed), 2 config or options refused."
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a kvtiers config (file or inline JSON; "
+        "vLLM's kv_transfer_config too); default: the built-in one",
+    )
+    parser.add_argument("--json", metavar="OUT", type=Path, help="write every number here")
+    parser.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        type=Path,
+        help="draw hit rate and throughput over time per tier (needs matplotlib)",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the same seed with no offloading and with the CPU pool "
+        "only, side by side, with the prefill work saved",
+    )
+    parser.add_argument(
+        "--model-check",
+        action="store_true",
+        help="run the tiny-transformer check instead: logits identical with KV "
+        "resident, reloaded from the CPU pool, and reloaded from fs",
+    )
+    parser.add_argument(
+        "--tmp-dir", metavar="DIR", help="where the default fs tier's temporary directory goes"
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where the stand-in GPU KV cache lives (auto: CUDA when present)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    wl = parser.add_argument_group("workload (same seed, same requests)")
+    wl.add_argument(
+        "--prefixes",
+        type=int,
+        default=W["prefixes"],
+        metavar="N",
+        help="shared prefixes (default %(default)s)",
+    )
+    wl.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=W["prefix_tokens"],
+        metavar="N",
+        help="tokens per shared prefix (default %(default)s)",
+    )
+    wl.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=W["prompt_tokens"],
+        metavar="N",
+        help="new prompt tokens per turn (default %(default)s)",
+    )
+    wl.add_argument(
+        "--output-tokens",
+        type=int,
+        default=W["output_tokens"],
+        metavar="N",
+        help="output tokens per turn (default %(default)s)",
+    )
+    wl.add_argument(
+        "--turns",
+        type=int,
+        default=W["turns"],
+        metavar="N",
+        help="turns per session (default %(default)s)",
+    )
+    wl.add_argument(
+        "--sessions-in-flight",
+        type=int,
+        default=W["sessions_in_flight"],
+        metavar="N",
+        help="sessions with a request in flight at once (default %(default)s)",
+    )
+    stop = wl.add_mutually_exclusive_group()
+    stop.add_argument(
+        "--sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"total sessions (default {W['sessions']})",
+    )
+    stop.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="start requests for S seconds instead, then let them finish",
+    )
+    wl.add_argument(
+        "--seed",
+        type=int,
+        default=W["seed"],
+        metavar="N",
+        help="workload seed (default %(default)s)",
+    )
+
+    geo = parser.add_argument_group("model geometry")
+    geo.add_argument(
+        "--model",
+        default=DEFAULT_PRESET,
+        choices=sorted(PRESETS),
+        metavar="PRESET",
+        help=f"geometry preset: {', '.join(PRESETS)} (default %(default)s)",
+    )
+    geo.add_argument("--layers", type=int, metavar="N", help="override the preset's layers")
+    geo.add_argument("--kv-heads", type=int, metavar="N", help="override its kv heads")
+    geo.add_argument("--head-size", type=int, metavar="N", help="override its head size")
+    geo.add_argument(
+        "--dtype", metavar="NAME", help="override its dtype (bfloat16, float16, float32, ...)"
+    )
+    geo.add_argument("--block-tokens", type=int, metavar="N", help="override its tokens per block")
+    geo.add_argument(
+        "--kv-layout",
+        default="layer",
+        choices=("layer", "cross"),
+        help="the engine's KV layout: per-layer [2, pages, ...] tensors, or one "
+        "cross-layer tensor (default %(default)s)",
+    )
+    geo.add_argument(
+        "--gpu-pages",
+        type=int,
+        metavar="N",
+        help="pages of the stand-in GPU KV cache (default: what the requests in "
+        "flight need; GPU prefix reuse is off either way)",
+    )
+
+    cost = parser.add_argument_group("prefill cost (for --compare)")
+    cost.add_argument(
+        "--prefill-us-per-token",
+        type=float,
+        metavar="US",
+        help="GPU microseconds per recomputed prompt token (default: estimated "
+        "from the model's parameters and --gpu-tflops)",
+    )
+    cost.add_argument(
+        "--params",
+        type=float,
+        metavar="N",
+        help="the model's parameter count, e.g. 8e9 (default: the preset's)",
+    )
+    cost.add_argument(
+        "--gpu-tflops",
+        type=float,
+        default=DEFAULT_GPU_TFLOPS,
+        metavar="T",
+        help="sustained TFLOP/s assumed for the estimate (default %(default)s)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model_check:
+        from kvtiers.bench.model_check import main as model_check_main
+
+        return model_check_main(tmp_dir=args.tmp_dir, json_out=args.json)
+    from kvtiers.bench.stack import BenchError, BenchIntegrityError
+    from kvtiers.errors import ConfigError
+
+    try:
+        return _bench(args)
+    except ConfigError:
+        # `kvtiers.cli.main` prints the problems (exit 2); say what it means here.
+        print("kvtiers bench: the config is refused; nothing is shrunk to fit", file=sys.stderr)
+        raise
+    except BenchIntegrityError as exc:
+        print(f"kvtiers bench FAILED: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:
+        raise BenchError(str(exc)) from exc
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from kvtiers.bench import report
+    from kvtiers.bench.defaults import default_document, default_root, written_bytes_bound
+    from kvtiers.bench.presets import PrefillCost, geometry_from
+    from kvtiers.bench.workload import WorkloadSpec
+    from kvtiers.config import load_config
+
+    geometry = geometry_from(
+        args.model,
+        layers=args.layers,
+        kv_heads=args.kv_heads,
+        head_size=args.head_size,
+        dtype=args.dtype,
+        block_tokens=args.block_tokens,
+        params=args.params,
+    )
+    sessions = args.sessions if args.sessions is not None else W["sessions"]
+    if args.duration is not None:
+        if args.duration <= 0:
+            raise ValueError("--duration must be positive")
+        sessions = 10**9  # the clock stops the run
+    spec = WorkloadSpec(
+        num_prefixes=args.prefixes,
+        prefix_tokens=args.prefix_tokens,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        turns=args.turns,
+        sessions_in_flight=args.sessions_in_flight,
+        total_sessions=sessions,
+        block_tokens=geometry.block_tokens,
+        seed=args.seed,
+    )
+    cost = (
+        PrefillCost.given(args.prefill_us_per_token)
+        if args.prefill_us_per_token is not None
+        else PrefillCost.estimate(geometry, args.gpu_tflops)
+    )
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    bound = written_bytes_bound(
+        spec.num_prefixes,
+        spec.prefix_tokens,
+        min(sessions, 10**6),
+        spec.turns,
+        spec.prompt_tokens + spec.output_tokens,
+        geometry.block_tokens,
+        geometry.block_bytes,
+    )
+    with contextlib.ExitStack() as stack:
+        if args.config is None:
+            _require_fs()
+            root = stack.enter_context(default_root(args.tmp_dir, min(bound, DEFAULT_FS_BYTES)))
+            config = load_config(default_document(root))
+            source = f"built-in default (fs tier in {root}, removed afterwards)"
+        else:
+            config = load_config(args.config)
+            source = config.source
+        for warning in config.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        runs = _runs(args, config, geometry, spec, console, source)
+        main = runs[-1]
+        for i, run_ in enumerate(runs):
+            if i:
+                console.print()
+            report.print_run(console, run_, [f"[bold]{run_.label}[/bold]"] if len(runs) > 1 else [])
+        if args.compare:
+            console.print()
+            report.print_compare(console, runs, cost)
+        if args.json:
+            report.write_json(
+                args.json,
+                {
+                    "command": " ".join(["kvtiers", *sys.argv[1:]])
+                    if sys.argv
+                    else "kvtiers bench",
+                    "machine": report.machine_info(),
+                    "config_source": source,
+                    "config": config.to_dict(),
+                    "geometry": geometry.as_dict(),
+                    "workload": {
+                        **dataclasses.asdict(spec),
+                        "hash_seed": str(spec.hash_seed),
+                        "duration_s": args.duration,
+                    },
+                    "prefill_cost": cost.as_dict(),
+                    "result": main.as_dict(),
+                    "compare": ([r.as_dict() for r in runs] if args.compare else None),
+                    "compare_rows": report.compare_rows(runs, cost) if args.compare else None,
+                },
+            )
+            console.print(f"wrote {args.json}")
+        if args.plot:
+            try:
+                stack_line = report.describe_stack(config, paths=False)
+                title = f"kvtiers bench, {geometry.name} ({main.stand_in['device']}): {stack_line}"
+                report.write_plot(args.plot, main, title)
+            except report.PlotUnavailable as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            console.print(f"wrote {args.plot}")
+    return 0
+
+
+def _runs(
+    args: argparse.Namespace,
+    config: Any,
+    geometry: Any,
+    spec: Any,
+    console: Any,
+    source: str,
+) -> list[Any]:
+    from kvtiers.bench import report
+    from kvtiers.bench.engine import pages_for
+    from kvtiers.bench.progress import progress_bar
+    from kvtiers.bench.runner import Replay
+    from kvtiers.bench.stack import build_stack, pick_device
+
+    device = pick_device(args.device)
+    pages = args.gpu_pages or pages_for(
+        spec.sessions_in_flight,
+        spec.prefix_tokens,
+        spec.prompt_tokens,
+        spec.output_tokens,
+        spec.turns,
+        spec.block_tokens,
+    )
+    plans: list[tuple[str, Any]] = []
+    if args.compare:
+        plans += [
+            ("no offloading", None),
+            ("CPU pool only", dataclasses.replace(config, secondary_tiers=())),
+        ]
+    plans.append(("configured stack", config))
+    machine = report.machine_info()
+    distinct = report.distinct_bytes(spec, geometry)
+    console.print(f"[bold]kvtiers bench[/bold]: {source}")
+    for line in (
+        f"  machine   {report.describe_machine(machine)}",
+        f"  model     {geometry.describe()}",
+        f"  workload  {report.describe_workload(spec, args.duration)}",
+        f"  stack     {report.describe_stack(config)}",
+        f"  GPU       stand-in paged KV cache on {device}: {pages:,} pages "
+        f"({format_bytes(pages * geometry.block_bytes)}, {args.kv_layout} layout) for the "
+        f"requests in flight; the workload's distinct blocks total ~{format_bytes(distinct)}; "
+        "GPU prefix reuse off: every reuse goes through kvtiers",
+    ):
+        console.print(line, highlight=False, soft_wrap=True)
+    results = []
+    for label, cfg in plans:
+        stack = build_stack(cfg, geometry, pages, device=device, kv_layout=args.kv_layout)
+        try:
+            with progress_bar(
+                not args.no_progress and sys.stdout.isatty(), spec, args.duration, label, console
+            ) as update:
+                replay = Replay(
+                    stack,
+                    spec,
+                    label=label,
+                    duration_s=args.duration,
+                    progress=update,
+                    max_wait_s=(cfg.job_timeout_s + 1.0) if cfg is not None else 0.0,
+                )
+                results.append(replay.run())
+        finally:
+            stack.close()
+    return results
+
+
+def _require_fs() -> None:
+    from kvtiers.bench.stack import BenchError
+    from kvtiers.plugins import get_registry
+
+    if "fs" not in get_registry().tiers:
+        raise BenchError(
+            "the built-in default uses the fs tier, which is not installed: "
+            "pip install kvtiers-fs, or pass --config with the tiers you have"
+        )

@@ -1,0 +1,54 @@
+"""Helpers for the bench tests: `kvtiers bench` as a subprocess, tiny workloads, and
+configs built around a test's temporary directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK = 8192  # the `tiny` preset's block: 2 layers x K,V x 16 tokens x 2 heads x 32 x bf16
+
+# A few seconds of work: 4 prefixes of 8 blocks, 24 sessions of 3 short turns.
+TINY = [
+    "--model",
+    "tiny",
+    "--prefixes",
+    "4",
+    "--prefix-tokens",
+    "128",
+    "--prompt-tokens",
+    "32",
+    "--output-tokens",
+    "32",
+    "--turns",
+    "3",
+    "--sessions-in-flight",
+    "4",
+    "--sessions",
+    "24",
+    "--no-progress",
+]
+
+
+def kvtiers(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvtiers", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def write_config(path: Path, doc: dict[str, Any]) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def small_pool(slots: int = 64) -> int:
+    """A CPU pool too small for the tiny workload, so tiers below it serve hits."""
+    return slots * BLOCK

@@ -1,0 +1,195 @@
+"""`kvtiers bench` as a user runs it: a subprocess, its exit status, its output and
+its JSON. Tiny geometry and workload: each run takes a couple of seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .conftest import TINY, kvtiers, small_pool, write_config
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_json_has_per_tier_hits_misses_bytes_and_throughput(tmp_path: Path) -> None:
+    root = tmp_path / "fs"
+    root.mkdir()
+    config = write_config(
+        tmp_path / "c.json",
+        {
+            "cpu_bytes_to_use": small_pool(),
+            "secondary_tiers": [{"type": "fs", "root_dir": str(root), "capacity_bytes": 64 << 20}],
+        },
+    )
+    out, plot = tmp_path / "out.json", tmp_path / "out.png"
+    done = kvtiers("bench", "--config", config, *TINY, "--json", str(out), "--plot", str(plot))
+    assert done.returncode == 0, done.stderr
+    assert "every byte checked" in done.stdout and "all match" in done.stdout
+    doc = _load(out)
+    run = doc["result"]
+    tiers = run["tiers"]
+    assert list(tiers) == ["cpu", "fs"]
+    for name, t in tiers.items():
+        for key in (
+            "hits",
+            "misses",
+            "bytes_read",
+            "bytes_written",
+            "read_gbps",
+            "write_gbps",
+            "hit_rate",
+            "tokens_served",
+            "evictions",
+            "cascades_dropped",
+            "errors",
+        ):
+            assert key in t, (name, key)
+    cpu, fs = tiers["cpu"], tiers["fs"]
+    assert cpu["hits"] > 0 and cpu["evictions"] > 0 and cpu["bytes_written"] > 0
+    assert fs["bytes_written"] > 0 and fs["write_gbps"] > 0  # cascades reached fs
+    assert fs["promoted_hits"] > 0 and fs["bytes_read"] > 0 and fs["read_gbps"] > 0
+    assert fs["tokens_served"] > 0 and fs["errors"] == {}
+    # Every prompt token is accounted for: served from a tier or recomputed.
+    assert sum(run["served_tokens"].values()) + run["recomputed_tokens"] == run["prompt_tokens"]
+    assert run["requests"] == 24 * 3
+    assert run["verified"]["blocks"] > 0 and run["verified"]["mismatches"] == 0
+    paths = {(t["tier"], t["direction"]) for t in run["transfers"]}
+    assert paths == {("gpu", "store"), ("gpu", "load"), ("fs", "write"), ("fs", "read")}
+    for key in ("lookup_prefix", "prepare_store"):
+        assert run["latency"][key]["n"] > 0 and run["latency"][key]["p99_us"] > 0
+    assert run["timeseries"] and doc["geometry"]["block_bytes"] == 8192
+    assert doc["config"]["cpu_bytes_to_use"] == small_pool()
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_default_config_runs_and_removes_its_directory(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    done = kvtiers("bench", *TINY, "--tmp-dir", str(tmp_path), "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "built-in default" in done.stdout and "fs (promoted)" in done.stdout
+    doc = _load(out)
+    assert [t["type"] for t in doc["config"]["secondary_tiers"]] == ["fs"]
+    assert doc["result"]["tiers"]["fs"]["bytes_written"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # temp dir removed
+
+
+def _faulty(tmp_path: Path, detected: bool) -> str:
+    return write_config(
+        tmp_path / "faulty.json",
+        {
+            "cpu_bytes_to_use": small_pool(),
+            "secondary_tiers": [
+                {
+                    "type": "faulty",
+                    "seed": 3,
+                    "corrupt_rate": 0.3,
+                    "corrupt_detected": detected,
+                    "inner": {"type": "memory", "capacity_bytes": 64 << 20},
+                }
+            ],
+        },
+    )
+
+
+def test_corruption_behind_a_tiers_back_becomes_misses_counted_as_corrupt(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    done = kvtiers("bench", "--config", _faulty(tmp_path, True), *TINY, "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    run = _load(out)["result"]
+    faulty = run["tiers"]["faulty"]
+    assert faulty["errors"].get("corrupt", 0) > 0
+    assert faulty["promotion_failures"] == faulty["errors"]["corrupt"]
+    assert faulty["tokens_served"] > 0  # the intact ones were served...
+    assert run["verified"]["blocks"] > 0 and run["verified"]["mismatches"] == 0  # ...and checked
+    assert "corrupt: " in done.stdout
+
+
+def test_wrong_bytes_reaching_the_gpu_fail_the_run(tmp_path: Path) -> None:
+    # corrupt_detected: false -> the faulty tier reports the flipped blocks as good.
+    out = tmp_path / "out.json"
+    done = kvtiers("bench", "--config", _faulty(tmp_path, False), *TINY, "--json", str(out))
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    err = done.stderr
+    assert err.startswith("kvtiers bench FAILED: wrong bytes reached the GPU: block ")
+    assert "promoted into the pool from tier 'faulty'" in err
+    assert "Traceback" not in err
+    assert not out.exists()  # no results for an invalid run
+
+
+def test_config_larger_than_the_machine_is_refused(tmp_path: Path) -> None:
+    # The vLLM PR #46216 stress run's config: 400 GiB of CPU memory.
+    config = write_config(
+        tmp_path / "pr46216.json",
+        {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "spec_name": "TieringOffloadingSpec",
+                "cpu_bytes_to_use": 400 << 30,
+                "secondary_tiers": [
+                    {"type": "fs", "root_dir": str(tmp_path), "capacity_bytes": 2 * 10**12},
+                ],
+            },
+        },
+    )
+    done = kvtiers("bench", "--config", config, *TINY)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0] == "kvtiers bench: the config is refused; nothing is shrunk to fit"
+    assert lines[1].startswith(
+        "error: $.kv_connector_extra_config.cpu_bytes_to_use: 400 GiB (429496729600 bytes) "
+        "is more than this machine's physical memory"
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_a_stand_in_gpu_larger_than_memory_is_refused(tmp_path: Path) -> None:
+    done = kvtiers("bench", *TINY, "--tmp-dir", str(tmp_path), "--gpu-pages", str(10**8))
+    assert done.returncode == 2
+    # The CPU stand-in is checked against the host's memory, CUDA memory against the GPU's.
+    assert "error: this run needs " in done.stderr or "error: the GPU KV cache needs" in done.stderr
+    assert "nothing is shrunk to fit" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("layout", ["cross"])
+def test_compare_runs_three_stacks_side_by_side(tmp_path: Path, layout: str) -> None:
+    out = tmp_path / "out.json"
+    config = write_config(
+        tmp_path / "c.json",
+        {
+            "cpu_bytes_to_use": small_pool(),
+            "secondary_tiers": [{"type": "memory", "capacity_bytes": 64 << 20}],
+        },
+    )
+    done = kvtiers(
+        "bench",
+        "--config",
+        config,
+        *TINY,
+        "--compare",
+        "--kv-layout",
+        layout,
+        "--prefill-us-per-token",
+        "50",
+        "--json",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "prefill cost per recomputed token: 50.0 us (given: 50 us per token" in done.stdout
+    doc = _load(out)
+    labels = [r["label"] for r in doc["compare"]]
+    assert labels == ["no offloading", "CPU pool only", "configured stack"]
+    rows = doc["compare_rows"]
+    none, cpu_only, full = rows["recomputed tokens"]
+    assert none == doc["compare"][0]["prompt_tokens"]  # nothing offloaded: all recomputed
+    # Both offload; which recomputes less depends on the pool (promotions evict too).
+    assert none > cpu_only and none > full
+    assert rows["served from secondary tiers"][2] > 0 == rows["served from secondary tiers"][1]
+    saved = rows["prefill saved vs no offloading (s)"]
+    assert saved[0] == 0 and saved[2] == pytest.approx((none - full) * 50e-6)
