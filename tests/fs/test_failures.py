@@ -172,11 +172,13 @@ def test_a_job_taken_after_its_deadline_times_out_without_io(tmp_path: Path,
         jobs = JobTracker(tier)
         first = jobs.load(stored[:1], [10])
         assert hang.wait(10)
-        # Keep the store thread busy too, so the next jobs queue.
-        second = jobs.load(stored[1:], [11], deadline=clock() + 5)
-        third = jobs.store(fresh, [0, 1], deadline=clock() + 5)
+        # The deadlines pass before either job can be taken (an idle thread of the
+        # other kind may take one at once, so the clock moves first).
+        deadline = clock() + 5
+        clock.advance(10)
+        second = jobs.load(stored[1:], [11], deadline=deadline)
+        third = jobs.store(fresh, [0, 1], deadline=deadline)
         before = snapshot(ctx.pool)
-        clock.advance(10)  # the manager's deadline passes while they wait
         release.set()
         r1, r2, r3 = jobs.wait([first, second, third])
         assert r1.success  # the hung read landed late (the manager had quarantined it)
