@@ -143,6 +143,28 @@ class BlockIO:
             if exc.errno == errno.EINVAL and not _is_regular_at(layout.block_name(idn), shard_fd):
                 return ReadResult(ReadOutcome.CORRUPT, "not a regular file")  # O_DIRECT FIFO
             raise
+        return self._read_fd(fd, idn, key, block)
+
+    def read_beneath(self, blocks_fd: int, idn: bytes, key: bytes,
+                     block: memoryview) -> ReadResult | None:
+        """`read`, opening `<shard>/<file>` relative to the blocks directory in one
+        openat2 call (no symlink followed anywhere on the path). None - nothing
+        read - when openat2 is unavailable or the open failed other than with
+        ENOENT: the caller then takes the two-step path (`read`), which tells a
+        symlinked shard from a symlinked file."""
+        path = f"{layout.shard_of(idn)}/{layout.block_name(idn)}"
+        try:
+            fd = layout.open_beneath(path, blocks_fd, os.O_RDONLY | os.O_NONBLOCK | self._direct)
+        except FileNotFoundError:
+            return ReadResult(ReadOutcome.MISSING)  # no file, or no shard directory
+        except OSError:
+            return None
+        if fd is None:
+            return None
+        return self._read_fd(fd, idn, key, block)
+
+    def _read_fd(self, fd: int, idn: bytes, key: bytes, block: memoryview) -> ReadResult:
+        """Read and verify an open block file; closes `fd`."""
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -174,7 +196,10 @@ class BlockIO:
             block[self._floor :] = tail[: self._tail]
         if checksum(block) != h.checksum:
             return ReadResult(ReadOutcome.CORRUPT, "checksum mismatch")
-        return ReadResult(ReadOutcome.OK)
+        return _OK
+
+
+_OK = ReadResult(ReadOutcome.OK)
 
 
 def _is_regular_at(name: str, dir_fd: int) -> bool:

@@ -374,25 +374,34 @@ class FsTier(SecondaryTier):
             self._block_done(task, FailureReason.TIMEOUT)
             return
         store, key = self.stores[task.root], job.keys[task.index]
+        io, slot = self._io[task.root], self.ctx.pool.block(job.slots[task.index])
         try:
-            shard = store.shard_fd(task.idn, create=False)
-        except FileNotFoundError:
-            self._missing(store, task.idn)
-            self._block_done(task, FailureReason.MISSING)
-            return
+            # One openat2 of <shard>/<file> where the kernel has it; the two-step
+            # open (shard directory, then file) otherwise, and to classify errors.
+            got = io.read_beneath(store.blocks_fd, task.idn, key, slot)
         except OSError as exc:
             self._errors.record("load", exc, store.root)
             self._block_done(task, FailureReason.IO)
             return
-        try:
-            got = self._io[task.root].read(shard, task.idn, key,
-                                           self.ctx.pool.block(job.slots[task.index]))
-        except OSError as exc:
-            self._errors.record("load", exc, store.root)
-            self._block_done(task, FailureReason.IO)
-            return
-        finally:
-            layout.close_quiet(shard)
+        if got is None:
+            try:
+                shard = store.shard_fd(task.idn, create=False)
+            except FileNotFoundError:
+                self._missing(store, task.idn)
+                self._block_done(task, FailureReason.MISSING)
+                return
+            except OSError as exc:
+                self._errors.record("load", exc, store.root)
+                self._block_done(task, FailureReason.IO)
+                return
+            try:
+                got = io.read(shard, task.idn, key, slot)
+            except OSError as exc:
+                self._errors.record("load", exc, store.root)
+                self._block_done(task, FailureReason.IO)
+                return
+            finally:
+                layout.close_quiet(shard)
         if got.outcome is ReadOutcome.OK:
             self._block_done(task, None)
         elif got.outcome is ReadOutcome.MISSING:
