@@ -88,6 +88,17 @@ FS_SCHEMA: Mapping[str, Any] = {
                 "false: always buffered (reads may then come from the page cache)"
             ),
         },
+        "shared": {
+            "type": "boolean",
+            "default": True,
+            "description": (
+                "other processes (ranks, engines on a shared filesystem) may write these "
+                "roots: a lookup of a block this process has not seen starts a probe of "
+                "the journal and answers RETRY. false: this process is the only writer, "
+                "so its index is the whole truth and such a lookup is a MISS at once "
+                "(no scheduler step spent waiting)"
+            ),
+        },
         "durable": {
             "type": "boolean",
             "default": False,

@@ -27,7 +27,7 @@ import errno
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from kvtiers.errors import ConfigError, ConfigProblem
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
@@ -121,10 +121,10 @@ class _Task:
 class FsTier(SecondaryTier):
     """See the module doc; config: `kvtiers_fs.schema.FS_SCHEMA`."""
 
-    persistent: ClassVar[bool] = True
-    shared: ClassVar[bool] = True
-    serves_peers: ClassVar[bool] = False
-    verifies: ClassVar[bool] = True
+    persistent = True
+    shared = True  # the class's default; `shared: false` turns it off
+    serves_peers = False
+    verifies = True
 
     def __init__(self, ctx: TierContext, config: Mapping[str, Any]):
         options = resolve_options(FS_SCHEMA, config, "fs")
@@ -168,6 +168,8 @@ class FsTier(SecondaryTier):
         self._closed = False
         self._pool = DualQueueThreadPool(threads["load"], threads["store"],
                                          name=f"kvtiers-{name}", logger=ctx.logger)
+        # Capability flag, per instance: a private root needs no probes.
+        self.shared = bool(config.get("shared", True))
         self._probe = AsyncProbe(self._probe_keys, clock=ctx.clock, hit_ttl_s=0.0,
                                  miss_ttl_s=1.0, name=f"kvtiers-{name}-probe")
         self._log_neighbours()
@@ -209,6 +211,9 @@ class FsTier(SecondaryTier):
         if self.stores[root].contains(idn):
             self._stats.lookup(True)
             return LookupResult.HIT
+        if not self.shared:
+            self._stats.lookup(False)
+            return LookupResult.MISS
         # Maybe another process stored it since we last read the journal.
         answer = self._probe.check(key)
         if answer is not LookupResult.RETRY:

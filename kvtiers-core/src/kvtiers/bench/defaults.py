@@ -39,7 +39,9 @@ def default_document(root_dir: str, fs_bytes: int = DEFAULT_FS_BYTES) -> dict[st
         "cpu_bytes_to_use": DEFAULT_CPU_BYTES,
         "eviction_policy": "lru",
         "write_policy": "write_through",
-        "secondary_tiers": [{"type": "fs", "root_dir": root_dir, "capacity_bytes": fs_bytes}],
+        "secondary_tiers": [
+            {"type": "fs", "root_dir": root_dir, "capacity_bytes": fs_bytes, "shared": False}
+        ],
     }
 
 
