@@ -340,3 +340,31 @@ def test_cuda_registered_cpu_pool_and_store_after_compute(method, gen):
         swap.submit_store(1, np.arange(16), np.arange(16)[::-1].copy())
         assert collect(swap, [1])[1].success
         assert torch.equal(pool.tensor()[15, : layout.block_bytes], eng.page_bytes_of(0).cpu())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("kind,method", [("cross", "dma"), ("kv_first", "staged")])
+def test_cuda_copies_never_span_two_pool_registrations(kind, method, gen):
+    """The pool is registered in chunks of 3 slots: consecutive slots coalesce into
+    runs that would cross a registration edge, which one DMA may not do."""
+    # 32 KiB blocks: slots have no padding, so consecutive slots are contiguous.
+    eng = make_engine(kind, device="cuda", pages=12, layers=4, tokens=16, heads=4, head_size=32)
+    eng.fill_random(gen)
+    layout = eng.layout
+    slot = round_up(layout.block_bytes)
+    assert slot == layout.block_bytes
+    with (
+        CpuPool(layout.block_bytes, 12 * slot, pin=True, chunk_bytes=3 * slot) as pool,
+        DeviceSwapper(layout, pool, method=method, staging_bytes=1 << 22) as swap,
+    ):
+        swap.submit_store(1, np.arange(12), np.arange(12))
+        assert collect(swap, [1])[1].success
+        t = pool.tensor()
+        for b in range(12):
+            assert torch.equal(t[b, : layout.block_bytes], eng.page_bytes_of(b).cpu())
+        eng.poison()
+        swap.submit_load(2, np.arange(12), np.arange(12))
+        assert collect(swap, [2])[2].success
+        for b in range(12):
+            assert torch.equal(eng.page_bytes_of(b).cpu(), t[b, : layout.block_bytes])

@@ -60,6 +60,8 @@ from kvtiers.pool_pinning import (
     Prefaulter,
     ProgressFn,
     chunk_step,
+    forget_registered,
+    note_registered,
     prepare_in_chunks,
     resolve_pin,
 )
@@ -110,16 +112,20 @@ class _Resources:
     """What must be undone when a pool goes away, even if `close()` is never called.
     Kept apart from the pool so that a weakref finalizer can hold it."""
 
-    __slots__ = ("registration", "unlink_path", "pid")
+    __slots__ = ("registration", "registered_base", "unlink_path", "pid")
 
     def __init__(self, unlink_path: str | None):
         self.registration: HostRegistration | None = None
+        self.registered_base: int | None = None
         self.unlink_path = unlink_path
         self.pid = os.getpid()
 
     def release(self) -> None:
         if os.getpid() != self.pid:
             return  # a forked child's copy: registration and file belong to the parent
+        if self.registered_base is not None:
+            forget_registered(self.registered_base)
+            self.registered_base = None
         if self.registration is not None:
             registration, self.registration = self.registration, None
             registration.close()
@@ -276,6 +282,9 @@ class CpuPool:
                 base = self.view.address
                 steps.append(lambda start, length: registration.register(base + start, length))
             prepare_in_chunks(header.nbytes, step, steps, progress)
+            if pinned:
+                note_registered(self.view.address, header.nbytes, step)
+                self._resources.registered_base = self.view.address
         except BaseException:
             self.close()
             raise

@@ -271,3 +271,26 @@ class HostRegistration:
                     self._rt.describe(err),
                     err,
                 )
+
+
+# Registered pools of this process: base address -> (bytes, registration step). CUDA
+# treats each cudaHostRegister call as its own allocation: a DMA that spans two of
+# them fails ("invalid argument"), so copy planners cut runs at these boundaries.
+_REGISTERED: dict[int, tuple[int, int]] = {}
+
+
+def note_registered(base: int, nbytes: int, step: int) -> None:
+    _REGISTERED[base] = (nbytes, step)
+
+
+def forget_registered(base: int) -> None:
+    _REGISTERED.pop(base, None)
+
+
+def registration_chunks(address: int) -> tuple[int, int] | None:
+    """`(base, step)` of the pinned pool containing `address` (its registrations
+    start at base + k * step), or None when no kvtiers pool registered it."""
+    for base, (nbytes, step) in _REGISTERED.items():
+        if base <= address < base + nbytes:
+            return base, step
+    return None

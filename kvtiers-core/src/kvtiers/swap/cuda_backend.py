@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvtiers.pool_pinning import registration_chunks
 from kvtiers.swap.cuda_driver import FLAG_PREFER_OVERLAP_WITH_COMPUTE, CudaDriver
 from kvtiers.swap.job import Job
 from kvtiers.swap.layout import KVLayout
@@ -37,6 +38,7 @@ from kvtiers.swap.plan import (
     coalesce,
     make_runs,
     make_table,
+    split_at_boundaries,
     split_runs,
 )
 
@@ -66,6 +68,15 @@ class _Group:
     mapped_base: int | None  # its device address when mapped
     regions: np.ndarray  # int64 device addresses of the layout's regions
     kernel_ok: bool  # every fragment is in whole 8-byte words
+    # (offset of the first registration edge from host_base, registration step), when
+    # the pool was registered in chunks: no DMA may span two registrations.
+    chunks: tuple[int, int] | None = None
+
+    def cut(self, runs: Runs) -> Runs:
+        """`runs` cut at the pool's registration edges (a no-op for one registration)."""
+        if self.chunks is None:
+            return runs
+        return split_at_boundaries(runs, *self.chunks)
 
 
 class CudaBackend:
@@ -97,8 +108,11 @@ class CudaBackend:
             host = pool.data_ptr()
             mapped = self._driver.host_device_pointer(host)
             word_ok = layout.word_bytes() % 8 == 0 and pool.shape[1] % 8 == 0
+            reg = registration_chunks(host)
+            chunks = None if reg is None else (reg[0] - host, reg[1])
             self._groups.append(_Group(
                 layout, pool, pool.shape[1], host, mapped, layout.region_addresses, word_ok,
+                chunks,
             ))  # fmt: skip
         self._triton = _import_triton()
         self.available = self._available_methods()
@@ -160,7 +174,7 @@ class CudaBackend:
                     method = self._policy.choose(method, n_runs, job.nbytes)
                     job.method = method
                     if method == DMA:
-                        runs = make_runs(layout, check.pages, pool_offsets)
+                        runs = g.cut(make_runs(layout, check.pages, pool_offsets))
                         self._dma(g, runs, job.direction, stream, keep)
                     elif method == KERNEL:
                         runs = make_runs(layout, check.pages, pool_offsets)
@@ -260,14 +274,17 @@ class CudaBackend:
             staged = base + frag.buffer
             # One run per block between the staging buffer and its slot; consecutive
             # slots merge into one.
-            big = coalesce(
-                Runs(
-                    np.zeros(k, np.int64),
-                    base + stage_offsets,
-                    g.host_base + pool_offsets[c : c + k],
-                    np.full(k, rank_bytes, np.int64),
+            big = g.cut(
+                coalesce(
+                    Runs(
+                        np.zeros(k, np.int64),
+                        base + stage_offsets,
+                        pool_offsets[c : c + k],
+                        np.full(k, rank_bytes, np.int64),
+                    )
                 )
             )
+            big = Runs(big.region, big.engine, g.host_base + big.buffer, big.length)
             dev_side = big.engine.astype(np.uint64)
             host_side = big.buffer.astype(np.uint64)
             sizes = big.length.astype(np.uint64)

@@ -191,3 +191,24 @@ def make_table(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarr
     table[1] = dst
     table[2] = nbytes // 8
     return table
+
+
+def split_at_boundaries(runs: Runs, base: int, step: int) -> Runs:
+    """Cut runs where their buffer side crosses `base + k * step`: the edges of the
+    pool's separate CUDA registrations, which one DMA may not span."""
+    if len(runs) == 0:
+        return runs
+    first = (runs.buffer - base) // step
+    last = (runs.buffer + runs.length - 1 - base) // step
+    counts = last - first + 1
+    if int(counts.max()) == 1:
+        return runs
+    total = int(counts.sum())
+    owner = np.repeat(np.arange(len(runs)), counts)
+    k = np.arange(total, dtype=np.int64) - (np.cumsum(counts) - counts)[owner]
+    run_start = runs.buffer[owner]
+    run_end = run_start + runs.length[owner]
+    edge = base + (first[owner] + k) * step  # start of the registration the piece lies in
+    start = np.maximum(run_start, edge)
+    end = np.minimum(run_end, edge + step)
+    return Runs(runs.region[owner], runs.engine[owner] + (start - run_start), start, end - start)
