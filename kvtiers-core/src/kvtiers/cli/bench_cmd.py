@@ -69,48 +69,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     wl = parser.add_argument_group("workload (same seed, same requests)")
-    wl.add_argument(
-        "--prefixes",
-        type=int,
-        default=W["prefixes"],
-        metavar="N",
-        help="shared prefixes (default %(default)s)",
-    )
-    wl.add_argument(
-        "--prefix-tokens",
-        type=int,
-        default=W["prefix_tokens"],
-        metavar="N",
-        help="tokens per shared prefix (default %(default)s)",
-    )
-    wl.add_argument(
-        "--prompt-tokens",
-        type=int,
-        default=W["prompt_tokens"],
-        metavar="N",
-        help="new prompt tokens per turn (default %(default)s)",
-    )
-    wl.add_argument(
-        "--output-tokens",
-        type=int,
-        default=W["output_tokens"],
-        metavar="N",
-        help="output tokens per turn (default %(default)s)",
-    )
-    wl.add_argument(
-        "--turns",
-        type=int,
-        default=W["turns"],
-        metavar="N",
-        help="turns per session (default %(default)s)",
-    )
-    wl.add_argument(
-        "--sessions-in-flight",
-        type=int,
-        default=W["sessions_in_flight"],
-        metavar="N",
-        help="sessions with a request in flight at once (default %(default)s)",
-    )
+    for flag, key, what in (
+        ("--prefixes", "prefixes", "shared prefixes"),
+        ("--prefix-tokens", "prefix_tokens", "tokens per shared prefix"),
+        ("--prompt-tokens", "prompt_tokens", "new prompt tokens per turn"),
+        ("--output-tokens", "output_tokens", "output tokens per turn"),
+        ("--turns", "turns", "turns per session"),
+        ("--sessions-in-flight", "sessions_in_flight", "sessions with a request in flight at once"),
+    ):
+        wl.add_argument(
+            flag, type=int, default=W[key], metavar="N", help=f"{what} (default %(default)s)"
+        )
     stop = wl.add_mutually_exclusive_group()
     stop.add_argument(
         "--sessions",
