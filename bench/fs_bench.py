@@ -206,7 +206,7 @@ def python_pass(d: Path, bb: int, n: int, threads: int) -> tuple[float, float]:
         t1 = time.perf_counter()
         list(ex.map(read, range(n)))
         t2 = time.perf_counter()
-    del view
+    view.release()
     buf.close()
     return t1 - t0, t2 - t1
 

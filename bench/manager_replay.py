@@ -42,7 +42,6 @@ def replay(events, num_slots: int, policy: str, measure_memory: bool = False) ->
     mgr = TieringOffloadingManager(num_slots, cls.for_slots(num_slots))
     ops = 0
     hits_blocks = 0
-    lookup_blocks = 0
     prompt_blocks = 0
     store_lat: list[float] = []
     inflight: dict[str, tuple[list[bytes], list[bytes]]] = {}

@@ -8,7 +8,6 @@ import pytest
 
 from kvtiers.clock import ManualClock
 from kvtiers.config import load_config
-from kvtiers.errors import KvtiersError
 from kvtiers.keys import make_key
 from kvtiers.lookup import LookupResult
 from kvtiers.manager.build import build_manager, tier_names
