@@ -12,6 +12,11 @@ at half the speed. Words are int64 where the offsets allow. Where one side's row
 are consecutive, the copy is a single pass straight from (or into) that side. Jobs of
 large rows are split between the job's thread and a helper (each with 1 MiB of the
 buffer, one core's L2); jobs of small fragments measured faster on one thread.
+
+When the optional native helper `kvtiers.swap._memcpy` was built (a C compiler at
+install time), a job is instead one `copy_batch` call: one `memcpy` per run, in one
+pass, without the GIL, its bytes split over two threads for jobs of at least 1 MiB;
+the numpy path above is the fallback where the helper is missing.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ import torch
 
 from kvtiers.swap.job import Job
 from kvtiers.swap.plan import LOAD, STORE, Runs, make_runs, split_runs
+
+try:  # optional: built from setup.py where there is a C compiler
+    from kvtiers.swap import _memcpy
+except ImportError:  # pragma: no cover - depends on the install
+    _memcpy = None
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +162,14 @@ def copy_runs(
     """Copy `runs` between flat uint8 `regions` and the flat uint8 `buffer`
     (`to_buffer`: region -> buffer), through `temp` (a uint8 buffer); copies of at
     least `SPLIT_BYTES` are shared with the `helpers` threads, each thread taking an
-    equal share of every region's rows and of `temp`."""
+    equal share of every region's rows and of `temp`. With the native helper, the
+    whole job is one `copy_batch` call and `temp` is not used."""
+    if _memcpy is not None:
+        threads = 1
+        if helpers is not None and runs.nbytes >= SPLIT_BYTES:
+            threads = min(2, helpers._max_workers + 1)
+        _copy_native(regions, buffer, runs, to_buffer, threads)
+        return
     lengths = runs.length
     word = math.gcd(
         8,
@@ -197,6 +214,35 @@ def copy_runs(
     finally:  # `temp` is reused by the next job: the helpers must be done with it
         for f in futures:
             f.result()
+
+
+def _copy_native(
+    regions: list[torch.Tensor], buffer: torch.Tensor, runs: Runs, to_buffer: bool, threads: int
+) -> None:
+    """One `copy_batch` call for the whole job, on absolute addresses. The planner
+    validated pages and slots; the bounds are checked again here (vectorised), so that
+    a bug can never make the native copy write outside the region or the buffer."""
+    if len(runs) == 0:
+        return
+    n = len(regions)
+    bases = np.fromiter((r.data_ptr() for r in regions), np.int64, n)
+    sizes = np.fromiter((r.numel() * r.element_size() for r in regions), np.int64, n)
+    region, engine, offset = runs.region, runs.engine, runs.buffer
+    length = np.ascontiguousarray(runs.length, dtype=np.int64)
+    if (
+        int(region.min()) < 0
+        or int(region.max()) >= n
+        or int(length.min()) < 0
+        or int(engine.min()) < 0
+        or int(offset.min()) < 0
+        or bool((engine + length > sizes[region]).any())
+        or int((offset + length).max()) > buffer.numel() * buffer.element_size()
+    ):
+        raise RuntimeError("copy runs reach outside the engine regions or the buffer")
+    eng = bases[region] + engine
+    buf = offset + buffer.data_ptr()
+    dst, src = (buf, eng) if to_buffer else (eng, buf)
+    _memcpy.copy_batch(dst, src, length, threads)
 
 
 def _copy_rows(work: list[tuple], temp: np.ndarray) -> None:
