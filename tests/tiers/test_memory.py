@@ -150,13 +150,21 @@ def gated_ctx() -> TierContext:
     return TierContext(GatedPool(16, BB), make_namespace(block_bytes=BB))
 
 
-def test_a_block_being_loaded_is_not_evicted(
+@pytest.fixture
+def gated(
     gated_ctx: TierContext, tiers: list[SecondaryTier]
-) -> None:
+) -> tuple[GatedPool, MemoryTier, JobTracker]:
+    """A two-block memory tier over a pool whose copies into chosen slots wait at a gate."""
     pool = gated_ctx.pool
     assert isinstance(pool, GatedPool)
     tier = memory(gated_ctx, tiers, capacity_bytes=2 * BB, threads=2)
-    jobs = JobTracker(tier)
+    return pool, tier, JobTracker(tier)
+
+
+def test_a_block_being_loaded_is_not_evicted(
+    gated: tuple[GatedPool, MemoryTier, JobTracker],
+) -> None:
+    pool, tier, jobs = gated
     oldest, other, new = random_keys(3)
     data = fill_slots(pool, [0])[0]
     assert jobs.run_store([oldest], [0]).success
@@ -175,12 +183,9 @@ def test_a_block_being_loaded_is_not_evicted(
 
 
 def test_store_is_full_when_every_block_is_being_loaded(
-    gated_ctx: TierContext, tiers: list[SecondaryTier]
+    gated: tuple[GatedPool, MemoryTier, JobTracker],
 ) -> None:
-    pool = gated_ctx.pool
-    assert isinstance(pool, GatedPool)
-    tier = memory(gated_ctx, tiers, capacity_bytes=2 * BB, threads=2)
-    jobs = JobTracker(tier)
+    pool, tier, jobs = gated
     a, b, c = random_keys(3)
     fill_slots(pool, [0, 1])
     assert jobs.run_store([a, b], [0, 1]).success
