@@ -90,9 +90,11 @@ class BlockIO:
     # -- store ------------------------------------------------------------------
 
     def write(self, shard_fd: int, idn: bytes, key: bytes, writer: int,
-              block: memoryview) -> None:
+              block: memoryview, recycled: bool = False) -> None:
         """Write `block` (a slot's block bytes) as the file of `idn`; visible only once
-        complete. An existing file of that name is kept (it is the same block)."""
+        complete. An existing file of that name is kept (it is the same block).
+        `recycled`: an evicted block's file waits at the temporary name (see
+        `RootStore._recycle`); overwrite it whole rather than create a file."""
         header, tail = _pages()
         digest = checksum(block)
         raw = layout.pack_header(key, self.namespace, self.block_bytes, digest)
@@ -104,8 +106,7 @@ class BlockIO:
             tail[self._tail :] = bytes(ALIGN - self._tail)
             buffers.append(tail)
         tmp = layout.tmp_name(idn, writer)
-        fd = layout.open_file(tmp, shard_fd,
-                              os.O_WRONLY | os.O_CREAT | os.O_EXCL | self._direct)
+        fd = self._open_tmp(tmp, shard_fd, recycled)
         try:
             _pwritev_all(fd, buffers, 0)
             if self.durable:
@@ -125,6 +126,21 @@ class BlockIO:
         if self.durable:
             os.fsync(shard_fd)
 
+    def _open_tmp(self, tmp: str, shard_fd: int, recycled: bool) -> int:
+        flags = os.O_WRONLY | self._direct
+        if recycled:
+            try:  # O_NONBLOCK: a FIFO planted there must not hang the thread
+                fd = layout.open_file(tmp, shard_fd, flags | os.O_NONBLOCK)
+            except FileNotFoundError:
+                pass
+            else:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_size == self.file_bytes:
+                    return fd  # every byte of it is written below
+                os.close(fd)
+                layout.unlink_quiet(tmp, shard_fd)
+        return layout.open_file(tmp, shard_fd, flags | os.O_CREAT | os.O_EXCL)
+
     # -- load -------------------------------------------------------------------
 
     def read(self, shard_fd: int, idn: bytes, key: bytes, block: memoryview) -> ReadResult:
@@ -143,7 +159,7 @@ class BlockIO:
             if exc.errno == errno.EINVAL and not _is_regular_at(layout.block_name(idn), shard_fd):
                 return ReadResult(ReadOutcome.CORRUPT, "not a regular file")  # O_DIRECT FIFO
             raise
-        return self._read_fd(fd, idn, key, block)
+        return self._read_fd(fd, idn, key, block, shard_fd, layout.block_name(idn))
 
     def read_beneath(self, blocks_fd: int, idn: bytes, key: bytes,
                      block: memoryview) -> ReadResult | None:
@@ -161,24 +177,36 @@ class BlockIO:
             return None
         if fd is None:
             return None
-        return self._read_fd(fd, idn, key, block)
+        return self._read_fd(fd, idn, key, block, blocks_fd, path)
 
-    def _read_fd(self, fd: int, idn: bytes, key: bytes, block: memoryview) -> ReadResult:
-        """Read and verify an open block file; closes `fd`."""
+    def _read_fd(self, fd: int, idn: bytes, key: bytes, block: memoryview,
+                 dir_fd: int, path: str) -> ReadResult:
+        """Read and verify an open block file (`path` in `dir_fd`); closes `fd`.
+
+        A file that fails verification is CORRUPT only if `path` still names it
+        afterwards. Otherwise the block was evicted while we read - by another
+        process, whose eviction may hand the file to a new block (`RootStore.
+        _recycle`) - and the answer is MISSING: nothing to count, nothing to delete."""
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return ReadResult(ReadOutcome.CORRUPT, "not a regular file")
-            if st.st_size != self.file_bytes:
-                return ReadResult(ReadOutcome.CORRUPT,
-                                  f"{st.st_size} bytes, expected {self.file_bytes}")
-            header, tail = _pages()
-            buffers = [header, block[: self._floor]] if self._floor else [header]
-            if self._tail:
-                buffers.append(tail)
-            got = _preadv_all(fd, buffers, 0)
+            got = self._verify(fd, st, key, block)
         finally:
             os.close(fd)
+        if got.outcome is ReadOutcome.CORRUPT and not _still_names(dir_fd, path, st):
+            return ReadResult(ReadOutcome.MISSING, "evicted while being read")
+        return got
+
+    def _verify(self, fd: int, st: os.stat_result, key: bytes, block: memoryview) -> ReadResult:
+        if not stat.S_ISREG(st.st_mode):
+            return ReadResult(ReadOutcome.CORRUPT, "not a regular file")
+        if st.st_size != self.file_bytes:
+            return ReadResult(ReadOutcome.CORRUPT,
+                              f"{st.st_size} bytes, expected {self.file_bytes}")
+        header, tail = _pages()
+        buffers = [header, block[: self._floor]] if self._floor else [header]
+        if self._tail:
+            buffers.append(tail)
+        got = _preadv_all(fd, buffers, 0)
         if got != self.file_bytes:
             return ReadResult(ReadOutcome.CORRUPT, f"short read: {got} bytes")
         try:
@@ -197,6 +225,15 @@ class BlockIO:
         if checksum(block) != h.checksum:
             return ReadResult(ReadOutcome.CORRUPT, "checksum mismatch")
         return _OK
+
+
+def _still_names(dir_fd: int, path: str, st: os.stat_result) -> bool:
+    """Whether `path` in `dir_fd` is still the file `st` describes."""
+    try:
+        now = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
 
 
 _OK = ReadResult(ReadOutcome.OK)

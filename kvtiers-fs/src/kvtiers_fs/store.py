@@ -14,8 +14,10 @@ decision sees every other writer's reservations:
 1. reserve (one critical section per store job): catch up; for each key not
    present or pending anywhere, evict victims by policy until it fits (unpinned in
    this process; their REMOVE records go first), append `[REMOVE..., ADD...]` as
-   one frame, unlink the victims' files, release the lock;
-2. write the block files (no lock: temporary name, then rename);
+   one frame, rename each victim's file to the temporary name of the block it
+   made room for (`_recycle`) or unlink it, release the lock;
+2. write the block files (no lock: into the recycled file or a new one under the
+   temporary name, then rename);
 3. commit (one critical section): append `[COMMIT or ABORT per key]`.
 
 So usage never exceeds `capacity_bytes`: a writer's blocks in flight are already
@@ -50,6 +52,7 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -79,6 +82,8 @@ NAMESPACE_FILE = "NAMESPACE.json"
 
 class Verdict(enum.Enum):
     GRANTED = "granted"  # reserved: write the block, then commit or abort it
+    # granted, and an evicted block's file waits at the temporary name: overwrite it
+    RECYCLED = "recycled"
     PRESENT = "present"  # stored already, or being stored by another writer
     FULL = "full"  # cannot fit: nothing evictable left
 
@@ -130,6 +135,7 @@ class RootStore(RecoveryMixin):
         self._offset = 0
         self.ns_fd = self.blocks_fd = self._writers_fd = self._lock_fd = self._me_fd = -1
         self.evictions = 0
+        self.recycled = 0  # evicted files reused as new blocks' files
         self.reloads = 0
         self.closed = False
 
@@ -266,6 +272,7 @@ class RootStore(RecoveryMixin):
             adds: list[Record] = []
             with self._state:
                 usage, cap, full = self.usage, self.capacity_bytes, False
+                reuse: dict[Ident, tuple[Ident, int]] = {}  # granted -> a victim, its size
                 for idn, size in items:
                     if idn in self.policy or idn in self.pending:
                         verdicts.append(Verdict.PRESENT)
@@ -273,6 +280,7 @@ class RootStore(RecoveryMixin):
                     if full or size > cap:
                         verdicts.append(Verdict.FULL)
                         continue
+                    first = len(victims)
                     while usage + size > cap:
                         got = self.policy.evict_items(1)
                         if not got:
@@ -284,6 +292,8 @@ class RootStore(RecoveryMixin):
                         full = True
                         verdicts.append(Verdict.FULL)
                         continue
+                    if len(victims) > first and victims[first][1] == size:
+                        reuse[idn] = victims[first]
                     usage += size
                     adds.append(Record(jr.ADD, self.writer, size, idn))
                     verdicts.append(Verdict.GRANTED)
@@ -302,9 +312,42 @@ class RootStore(RecoveryMixin):
                 for rec in adds:
                     self.pending[rec.ident] = (self.writer, rec.size)
                 self._set_last_deletes(self.writer, [i for i, _ in victims])
-            self._unlink_blocks([i for i, _ in victims])
+            recycled = {idn for idn, (v, size) in reuse.items() if self._recycle(v, idn, size)}
+            taken = {reuse[idn][0] for idn in recycled}
+            self._unlink_blocks([i for i, _ in victims if i not in taken])
+            verdicts = [Verdict.RECYCLED if v is Verdict.GRANTED and idn in recycled else v
+                        for (idn, _), v in zip(items, verdicts, strict=True)]
             self.evictions += len(victims)
+            self.recycled += len(taken)
             return verdicts, len(victims)
+
+    def _recycle(self, victim: Ident, idn: Ident, size: int) -> bool:
+        """Move the file of `victim` (evicted: its REMOVE is in the journal) to the
+        temporary name of `idn`, so that the store overwrites blocks the filesystem
+        has already allocated instead of allocating new ones (on ext4 an O_DIRECT
+        write into allocated blocks is about twice as fast: no extent allocation,
+        no unwritten-extent conversion). Holds the lock. False (the caller unlinks
+        the victim) when the victim is not a regular file of `size` bytes, or
+        anything fails."""
+        src = self._shard_or_none(victim)
+        if src is None:
+            return False
+        try:
+            name = layout.block_name(victim)
+            st = os.stat(name, dir_fd=src, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+                return False
+            dst = self.shard_fd(idn, create=True)
+            try:
+                os.rename(name, layout.tmp_name(idn, self.writer), src_dir_fd=src,
+                          dst_dir_fd=dst)
+            finally:
+                os.close(dst)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(src)
 
     def commit(self, done: list[Ident], failed: list[Ident]) -> None:
         """End reserved intents: `done` blocks are in place, `failed` are not (their
@@ -314,6 +357,7 @@ class RootStore(RecoveryMixin):
             return
         records = [Record(jr.COMMIT, self.writer, 0, i) for i in done]
         records += [Record(jr.ABORT, self.writer, 0, i) for i in failed]
+        self._unlink_tmps(failed)  # a recycled file whose store never ran (timeout, close)
         with self._mu:
             try:
                 with self._locked():
@@ -651,12 +695,19 @@ class RootStore(RecoveryMixin):
             return None
 
     def _unlink_blocks(self, idns: Iterable[Ident]) -> None:
+        self._unlink_each(idns, layout.block_name)
+
+    def _unlink_tmps(self, idns: Iterable[Ident]) -> None:
+        """This writer's temporary files of `idns`, where they are left."""
+        self._unlink_each(idns, lambda idn: layout.tmp_name(idn, self.writer))
+
+    def _unlink_each(self, idns: Iterable[Ident], name: Callable[[Ident], str]) -> None:
         for idn in idns:
             shard = self._shard_or_none(idn)
             if shard is None:
                 continue
             try:
-                layout.unlink_quiet(layout.block_name(idn), shard)
+                layout.unlink_quiet(name(idn), shard)
             except OSError as exc:
                 self._errors.record("unlink", exc)
             finally:

@@ -86,11 +86,12 @@ class _JobState:
 class _Task:
     """One unit of work on an I/O thread: a block, or a store job's reservation."""
 
-    __slots__ = ("tier", "state", "index", "root", "idn")
+    __slots__ = ("tier", "state", "index", "root", "idn", "recycled")
 
     def __init__(self, tier: FsTier, state: _JobState, index: int = -1, root: int = -1,
-                 idn: Ident = b""):
+                 idn: Ident = b"", recycled: bool = False):
         self.tier, self.state, self.index, self.root, self.idn = tier, state, index, root, idn
+        self.recycled = recycled  # a store into an evicted block's file
 
     def run(self) -> None:
         tier = self.tier
@@ -344,7 +345,8 @@ class FsTier(SecondaryTier):
                 elif verdict is Verdict.FULL:
                     state.failed[job.keys[i]] = FailureReason.FULL
                 else:
-                    tasks.append(_Task(self, state, i, root, idn))
+                    tasks.append(_Task(self, state, i, root, idn,
+                                       recycled=verdict is Verdict.RECYCLED))
         if not tasks:
             self._finish(state, {})
             return
@@ -363,7 +365,8 @@ class FsTier(SecondaryTier):
             shard = store.shard_fd(task.idn, create=True)
             try:
                 self._io[task.root].write(shard, task.idn, key, store.writer,
-                                          self.ctx.pool.block(job.slots[task.index]))
+                                          self.ctx.pool.block(job.slots[task.index]),
+                                          recycled=task.recycled)
             finally:
                 layout.close_quiet(shard)
         except OSError as exc:
