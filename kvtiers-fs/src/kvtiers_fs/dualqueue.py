@@ -62,14 +62,19 @@ class DualQueueThreadPool:
         for t in self._threads:
             t.start()
 
-    def submit(self, kind: str, tasks: Iterable[Task]) -> bool:
-        """Queue `tasks` (in order) on the `kind` queue. False (nothing queued) after
-        `close`: the caller cancels them."""
+    def submit(self, kind: str, tasks: Iterable[Task], *, first: bool = False) -> bool:
+        """Queue `tasks` (in order) on the `kind` queue - at its head when `first`
+        (work that continues a job already started, such as a store job's block
+        writes after its reservation, goes before jobs not started yet). False
+        (nothing queued) after `close`: the caller cancels them."""
         tasks = list(tasks)
         with self._cond:
             if self._closed:
                 return False
-            self._queues[kind].extend(tasks)
+            if first:
+                self._queues[kind].extendleft(reversed(tasks))
+            else:
+                self._queues[kind].extend(tasks)
             self._cond.notify(len(tasks))
         return True
 

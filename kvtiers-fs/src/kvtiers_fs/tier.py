@@ -351,7 +351,10 @@ class FsTier(SecondaryTier):
             self._finish(state, {})
             return
         state.left = len(tasks)
-        if not self._pool.submit(STORE, tasks):
+        # At the head of the queue: with many store jobs queued, the reservations
+        # (one at a time, under the namespace lock) would otherwise all run before
+        # any block is written, leaving the disk idle meanwhile.
+        if not self._pool.submit(STORE, tasks, first=True):
             for task in tasks:
                 task.cancel()
 
