@@ -101,3 +101,25 @@ def test_close_hands_back_queued_tasks_and_refuses_new_ones() -> None:
     assert sorted(log) == ["a", "b"]  # running tasks finished
     assert pool.submit(LOAD, [Gate("late", log)]) is False
     assert pool.close() == []
+
+
+def test_first_puts_tasks_at_the_head_in_their_order() -> None:
+    pool = DualQueueThreadPool(1, 1, name="t")
+    log: list[str] = []
+    held, gate = threading.Event(), threading.Event()
+    started = [threading.Event(), threading.Event()]
+    try:
+        # One thread held to the end, the other until everything below is queued:
+        # then one thread runs the queue, in its order.
+        pool.submit(STORE, [Gate("held", log, held, started[0]),
+                            Gate("busy", log, gate, started[1])])
+        assert started[0].wait(10) and started[1].wait(10)
+        pool.submit(STORE, [Gate(f"job{i}", log) for i in range(3)])
+        pool.submit(STORE, [Gate("w0", log), Gate("w1", log)], first=True)
+        gate.set()
+        wait_until(lambda: len(log) == 6, "the queue ran")
+        assert log == ["busy", "w0", "w1", "job0", "job1", "job2"]
+    finally:
+        held.set()
+        gate.set()
+        pool.close()
