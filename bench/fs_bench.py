@@ -9,19 +9,27 @@ stores; start-up time with a million blocks on disk.
 Throughput rows (median of --runs runs; MB/s = 10^6 bytes/s of block bytes):
 
 - fio: sequential write / read of 2 MiB blocks, O_DIRECT, libaio, iodepth 16,
-  best of numjobs 1, 4 and 8 (the issue's yardstick; needs `fio` on PATH);
+  best of numjobs 1, 4 and 8 (the issue's yardstick; needs `fio` on PATH): into
+  new files ("new files", fio's usual run), and again into the files just written
+  ("overwrite": no block allocation, the like-for-like figure for a full tier);
 - python-pwrite: a plain Python thread pool (as many threads as the tier) writing
-  each block to its own file with os.pwrite and reading it back with os.pread,
+  each block to its own new file with os.pwrite and reading it back with os.pread,
   O_DIRECT, no rename, no checksum, no index: the floor of a file per block;
 - vllm-fs: vLLM 0.33's fs tier data path (its DualQueueThreadPool running its
   batch_store_block / batch_load_block, pure-Python, one task per job, as its
   FileSystemTierManager submits them), run in vLLM's own venv (--vllm-python);
-- kvtiers-fs: the tier, from and to a page-aligned pool, verification on, for
+- kvtiers-fs: the tier, from and to a page-aligned pool, verification on, with a
+  capacity of exactly the blocks of one pass: a pass fills the empty tier ("filling
+  an empty tier"), a second pass stores as many new blocks, each evicting one (the
+  steady state of a cache, where evicted files are recycled: the store figure of
+  the kvtiers-fs rows), and the blocks of the second pass are loaded; for
   o_direct auto (= on here) / off (buffered, files dropped from the page cache
   before loads, so reads are cold) and durable off / on.
 
 Reads are cold: O_DIRECT, or buffered after POSIX_FADV_DONTNEED of every file.
 Every row moves the same blocks: jobs of --job-blocks blocks, all submitted at once.
+Every pass starts after os.sync(), and the order of the rows rotates from run to
+run (on a shared virtual disk, what ran just before changes a pass's speed).
 """
 
 from __future__ import annotations
@@ -120,6 +128,7 @@ def vllm_worker(args: argparse.Namespace) -> None:
         return time.perf_counter() - start
 
     store_s = run(False)
+    os.sync()
     _drop_cache(paths)
     load_s = run(True)
     pool.shutdown()
@@ -163,19 +172,27 @@ def _run_jobs(tier: Any, keys: list[bytes], per_job: int, load: bool) -> float:
 
 
 def kvtiers_pass(d: Path, bb: int, n: int, per_job: int, threads: int,
-                 **opts: Any) -> tuple[float, float]:
+                 **opts: Any) -> dict[str, float]:
+    """Seconds to fill an empty tier with n blocks ("fill"), to store n more into the
+    full tier, each evicting one ("store": the steady state of a cache, where
+    evicted files are recycled), and to load those n blocks cold ("load")."""
     from kvtiers.keys import make_key
+    from kvtiers_fs import layout
 
-    tier = _tier(d, bb, n, capacity=4 * n * (bb + 8192), threads=threads, **opts)
+    tier = _tier(d, bb, n, capacity=n * layout.file_bytes(bb), threads=threads, **opts)
     try:
-        keys = [make_key(os.urandom(32)) for _ in range(n)]
-        store_s = _run_jobs(tier, keys, per_job, load=False)
+        out = {}
+        for phase in ("fill", "store"):
+            keys = [make_key(os.urandom(32)) for _ in range(n)]
+            out[phase] = _run_jobs(tier, keys, per_job, load=False)
+            os.sync()  # every pass of every row starts with nothing left to write back
+        assert sum(s.recycled for s in tier.stores) == n, "the full tier did not recycle"
         if not all(tier.o_direct):
             _drop_cache(_files_under(d, ".kvb"))
-        load_s = _run_jobs(tier, keys, per_job, load=True)
+        out["load"] = _run_jobs(tier, keys, per_job, load=True)
     finally:
         tier.close()
-    return store_s, load_s
+    return out
 
 
 def python_pass(d: Path, bb: int, n: int, threads: int) -> tuple[float, float]:
@@ -204,18 +221,22 @@ def python_pass(d: Path, bb: int, n: int, threads: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         list(ex.map(write, range(n)))
         t1 = time.perf_counter()
+        os.sync()
+        t_sync = time.perf_counter()
         list(ex.map(read, range(n)))
         t2 = time.perf_counter()
     view.release()
     buf.close()
-    return t1 - t0, t2 - t1
+    return t1 - t0, t2 - t_sync
 
 
 def fio_pass(d: Path, bb: int, total: int) -> dict[str, float]:
-    """Best MB/s of sequential write and read over numjobs 1, 4, 8."""
-    best = {"write": 0.0, "read": 0.0}
+    """Best MB/s over numjobs 1, 4, 8 of: sequential write into new files ("write"),
+    the same again into the files just written ("overwrite"), and a read."""
+    best = {"write": 0.0, "overwrite": 0.0, "read": 0.0}
     for numjobs in (1, 4, 8):
-        for rw in ("write", "read"):
+        for what in ("write", "overwrite", "read"):
+            rw = "write" if what == "overwrite" else what
             out = subprocess.run(
                 ["fio", "--name=seq", f"--directory={d}", f"--rw={rw}", f"--bs={bb}",
                  f"--size={total // numjobs}", f"--numjobs={numjobs}", "--direct=1",
@@ -223,7 +244,8 @@ def fio_pass(d: Path, bb: int, total: int) -> dict[str, float]:
                  "--output-format=json"],
                 check=True, capture_output=True, text=True).stdout
             job = json.loads(out)["jobs"][0][rw]
-            best[rw] = max(best[rw], job["bw_bytes"] / 1e6)
+            best[what] = max(best[what], job["bw_bytes"] / 1e6)
+            os.sync()
         for f in d.iterdir():
             f.unlink()
     return best
@@ -243,51 +265,98 @@ def vllm_pass(args: argparse.Namespace, d: Path, bb: int, n: int,
     return res["store_s"], res["load_s"]
 
 
+FIO_NEW = "fio seq O_DIRECT libaio qd16, new files"
+FIO_OVER = "fio seq O_DIRECT libaio qd16, overwrite"
+KV_FILL = "kvtiers-fs O_DIRECT, filling an empty tier"
+
+
 def throughput(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for bb, total in ((2 * MiB, args.bytes_2m), (64 << 10, args.bytes_64k)):
         n = total // bb
         per_job = args.job_blocks_for[bb]
-        samples: dict[str, list[tuple[float, float]]] = {}
+        samples: dict[str, list[tuple[float | None, float | None]]] = {}
 
-        def add(name: str, secs: tuple[float, float] | None) -> None:
-            if secs is not None:
-                samples.setdefault(name, []).append(
-                    (n * bb / secs[0] / 1e6, n * bb / secs[1] / 1e6))
+        def add(name: str, store_s: float | None, load_s: float | None) -> None:
+            samples.setdefault(name, []).append(
+                (n * bb / store_s / 1e6 if store_s else None,
+                 n * bb / load_s / 1e6 if load_s else None))
 
-        configs: list[tuple[str, Callable[[Path], tuple[float, float] | None]]] = [
-            ("python-pwrite O_DIRECT", lambda d: python_pass(d, bb, n, args.threads)),
-            ("vllm-fs (pure Python)", lambda d: vllm_pass(args, d, bb, n, args.threads)),
-            ("kvtiers-fs O_DIRECT", lambda d: kvtiers_pass(d, bb, n, per_job, args.threads)),
-            ("kvtiers-fs buffered", lambda d: kvtiers_pass(d, bb, n, per_job, args.threads,
-                                                           o_direct=False)),
-            ("kvtiers-fs O_DIRECT durable", lambda d: kvtiers_pass(
-                d, bb, n, per_job, args.threads, durable=True)),
+        def python(d: Path) -> None:
+            add("python-pwrite O_DIRECT", *python_pass(d, bb, n, args.threads))
+
+        def vllm(d: Path) -> None:
+            got = vllm_pass(args, d, bb, n, args.threads)
+            if got is not None:
+                add("vllm-fs (pure Python)", *got)
+
+        def kvtiers(name: str, **opts: Any) -> Callable[[Path], None]:
+            def run(d: Path) -> None:
+                t = kvtiers_pass(d, bb, n, per_job, args.threads, **opts)
+                add(name, t["store"], t["load"])
+                if not opts:
+                    add(KV_FILL, t["fill"], None)
+            return run
+
+        configs: list[tuple[str, Callable[[Path], None]]] = [
+            ("python-pwrite", python),
+            ("vllm-fs", vllm),
+            ("kvtiers-fs O_DIRECT", kvtiers("kvtiers-fs O_DIRECT")),
+            ("kvtiers-fs buffered", kvtiers("kvtiers-fs buffered", o_direct=False)),
+            ("kvtiers-fs durable", kvtiers("kvtiers-fs O_DIRECT durable", durable=True)),
         ]
         for run in range(args.runs):
             if shutil.which("fio") and bb == 2 * MiB:
                 d = base / "fio"
                 d.mkdir(parents=True, exist_ok=True)
                 best = fio_pass(d, bb, total)
-                samples.setdefault("fio seq O_DIRECT libaio qd16", []).append(
-                    (best["write"], best["read"]))
+                samples.setdefault(FIO_NEW, []).append((best["write"], best["read"]))
+                samples.setdefault(FIO_OVER, []).append((best["overwrite"], None))
                 shutil.rmtree(d)
-            for name, fn in configs:
+            # Rotate the order every run: on a shared virtual disk, what ran just
+            # before changes a pass's speed.
+            k = run % len(configs)
+            for name, fn in configs[k:] + configs[:k]:
                 d = base / f"run{run}"
                 try:
-                    add(name, fn(d))
+                    fn(d)
                 finally:
                     shutil.rmtree(d, ignore_errors=True)
                 print(f"  {bb >> 10} KiB run {run}: {name} done", file=sys.stderr, flush=True)
         for name, vals in samples.items():
+            stores = [v[0] for v in vals if v[0] is not None]
+            loads = [v[1] for v in vals if v[1] is not None]
             rows.append({
                 "block": f"{bb >> 10} KiB", "what": name, "blocks": n, "runs": len(vals),
-                "store_MBps": round(statistics.median(v[0] for v in vals), 1),
-                "load_MBps": round(statistics.median(v[1] for v in vals), 1),
-                "store_all": [round(v[0], 1) for v in vals],
-                "load_all": [round(v[1], 1) for v in vals],
+                "store_MBps": round(statistics.median(stores), 1) if stores else None,
+                "load_MBps": round(statistics.median(loads), 1) if loads else None,
+                "store_all": [round(v, 1) for v in stores],
+                "load_all": [round(v, 1) for v in loads],
             })
     return rows
+
+
+def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets for 2 MiB blocks, from the medians of one run."""
+    by = {r["what"]: r for r in rows if r["block"] == "2048 KiB"}
+    kv, out = by.get("kvtiers-fs O_DIRECT"), {}
+    if kv is None:
+        return out
+    fio_store = max((by[k]["store_MBps"] for k in (FIO_NEW, FIO_OVER) if k in by),
+                    default=None)
+    fio_load = by[FIO_NEW]["load_MBps"] if FIO_NEW in by else None
+    vllm = by.get("vllm-fs (pure Python)")
+    if fio_store:
+        out["store_vs_best_fio"] = round(kv["store_MBps"] / fio_store, 3)
+    if fio_load:
+        out["load_vs_fio"] = round(kv["load_MBps"] / fio_load, 3)
+    if vllm:
+        out["store_vs_vllm"] = round(kv["store_MBps"] / vllm["store_MBps"], 3)
+        out["load_vs_vllm"] = round(kv["load_MBps"] / vllm["load_MBps"], 3)
+    if KV_FILL in by and FIO_NEW in by:
+        out["fill_vs_fio_new_files"] = round(
+            by[KV_FILL]["store_MBps"] / by[FIO_NEW]["store_MBps"], 3)
+    return out
 
 
 def load_behind_stores(args: argparse.Namespace, base: Path) -> dict[str, Any]:
@@ -445,6 +514,7 @@ def main() -> None:
     try:
         if "throughput" not in skip:
             result["throughput"] = throughput(args, base)
+            result["targets"] = targets(result["throughput"])
         if "latency" not in skip:
             result["load_behind_stores"] = load_behind_stores(args, base)
         if "startup" not in skip:
@@ -453,9 +523,12 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     print(f"\nkvtiers-fs bench ({result['machine']['host']}, {args.runs} runs, "
           f"{args.threads} threads per kind)")
-    print(f"{'block':>7}  {'what':<32} {'store MB/s':>11} {'load MB/s':>10}")
+    print(f"{'block':>8}  {'what':<44} {'store MB/s':>11} {'load MB/s':>10}")
     for r in result.get("throughput", []):
-        print(f"{r['block']:>7}  {r['what']:<32} {r['store_MBps']:>11} {r['load_MBps']:>10}")
+        print(f"{r['block']:>8}  {r['what']:<44} {r['store_MBps'] or '-':>11} "
+              f"{r['load_MBps'] or '-':>10}")
+    if result.get("targets"):
+        print("targets (2 MiB):", result["targets"])
     if "load_behind_stores" in result:
         print("load behind queued stores:", result["load_behind_stores"])
     if "startup" in result:
