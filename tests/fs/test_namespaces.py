@@ -62,3 +62,24 @@ def test_list_namespaces_reports_damage_without_raising(tmp_path: Path) -> None:
     listed = list_namespaces(str(root))
     assert [n.fingerprint for n in listed] == ["0" * 32, "1" * 32]
     assert all(n.error for n in listed)
+
+
+def test_kvtiers_validate_lists_the_namespaces_on_a_root(tmp_path: Path) -> None:
+    from tests.config.test_cli import kvtiers
+
+    root = tmp_path / "root"
+    root.mkdir()
+    ctx_b = context(model="model-b")
+    other = open_tier(ctx_b, root, capacity_blocks=8)
+    assert store_keys(other, random_keys(3)).success
+    other.close()
+    config = ('{"cpu_bytes_to_use": 1048576, "secondary_tiers": [{"type": "fs", '
+              f'"root_dir": "{root}", "capacity_bytes": 1048576}}]}}')
+    done = kvtiers("validate", config)
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1, done.stderr
+    assert "$.secondary_tiers[0].root_dir" in notes[0] and "model-b" in notes[0]
+    assert ctx_b.namespace.fingerprint in notes[0] and "3 blocks" in notes[0]
+    # --json output stays one JSON document (notes go to stderr)
+    assert kvtiers("validate", "--json", config).stdout.lstrip().startswith("{")

@@ -24,9 +24,8 @@ class ConfigError(KvtiersError):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-class ConfigProblem:
-    """One problem in a config: where (a JSON path such as `$.secondary_tiers[0].type`)
-    and what (found vs allowed, in words)."""
+class _Remark:
+    """Where in a config (a JSON path such as `$.secondary_tiers[0].type`) and what."""
 
     __slots__ = ("path", "message")
 
@@ -38,16 +37,20 @@ class ConfigProblem:
         return f"{self.path}: {self.message}"
 
     def __repr__(self) -> str:
-        return f"ConfigProblem({self.path!r}, {self.message!r})"
+        return f"{type(self).__name__}({self.path!r}, {self.message!r})"
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, ConfigProblem)
-            and (self.path, self.message) == (other.path, other.message)
-        )
+        return type(other) is type(self) and (self.path, self.message) == (
+            other.path, other.message)  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
         return hash((self.path, self.message))
+
+
+class ConfigProblem(_Remark):
+    """One problem in a config: where and what (found vs allowed, in words)."""
+
+    __slots__ = ()
 
 
 class PluginError(KvtiersError):
@@ -57,3 +60,11 @@ class PluginError(KvtiersError):
 
 class UnknownNameError(KvtiersError, LookupError):
     """A tier or policy name nobody registered; the message lists the installed ones."""
+
+
+class ConfigNote(_Remark):
+    """Something worth knowing about a valid config, found by a tier's machine check
+    (`TierRecord.check` may return these among its problems): where and what.
+    `kvtiers validate` prints it; nothing is refused."""
+
+    __slots__ = ()

@@ -15,7 +15,7 @@ from kvtiers_fs.schema import FS_SCHEMA, VLLM_ALIASES
 # The machine check (root exists, is writable) needs kvtiers-core's `TierRecord.check`;
 # with an older core, the tier's constructor still runs it.
 _CHECK = (
-    {"check": "kvtiers_fs.schema:check_options"}
+    {"check": "kvtiers_fs.schema:check_machine"}
     if "check" in getattr(TierRecord, "__dataclass_fields__", {})
     else {}
 )

@@ -12,7 +12,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from kvtiers.errors import ConfigProblem
+from kvtiers.errors import ConfigNote, ConfigProblem
+
+from kvtiers_fs.namespaces import list_namespaces
 
 DEFAULT_THREADS = {"load": 8, "store": 8}
 
@@ -132,14 +134,35 @@ def check_options(options: Mapping[str, Any]) -> list[ConfigProblem]:
     directory, not a symlink, and writable - tried for real, by creating and removing
     a temporary file, since `access(2)` says yes to root on a read-only mount."""
     problems: list[ConfigProblem] = []
-    roots = options.get("root_dir")
-    many = not isinstance(roots, str)
-    for i, root in enumerate(root_dirs(options)):
-        path = f"$.root_dir[{i}]" if many else "$.root_dir"
+    for path, root in _roots_with_paths(options):
         message = check_root(root)
         if message:
             problems.append(ConfigProblem(path, f"fs tier: {message}"))
     return problems
+
+
+def check_machine(options: Mapping[str, Any]) -> list[ConfigProblem | ConfigNote]:
+    """The tier record's machine check (`kvtiers validate`): `check_options`, plus a
+    `ConfigNote` for each namespace (model) already on a usable root."""
+    problems: list[ConfigProblem | ConfigNote] = [*check_options(options)]
+    bad = {p.path for p in problems}
+    for path, root in _roots_with_paths(options):
+        if path in bad:
+            continue
+        try:
+            found = list_namespaces(root)
+        except OSError:
+            continue
+        problems += [ConfigNote(path, f"fs tier: {root} holds namespace {ns} ({ns.path}); "
+                                      "each model uses only its own")
+                     for ns in found]
+    return problems
+
+
+def _roots_with_paths(options: Mapping[str, Any]) -> list[tuple[str, str]]:
+    many = not isinstance(options.get("root_dir"), str)
+    return [(f"$.root_dir[{i}]" if many else "$.root_dir", root)
+            for i, root in enumerate(root_dirs(options))]
 
 
 def check_root(root: str) -> str | None:

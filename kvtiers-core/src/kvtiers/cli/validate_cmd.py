@@ -1,6 +1,7 @@
 """`kvtiers validate CONFIG`: check a config before anything starts.
 
-Exit 0 with a short summary of the resolved stack on stdout (warnings on stderr);
+Exit 0 with a short summary of the resolved stack on stdout (warnings, and notes
+from the tiers' machine checks, on stderr);
 exit 2 with one `error: <path>: <message>` line per problem (printed by
 `kvtiers.cli.main`). Imports no torch and no tier code.
 """
@@ -67,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.config == "-":
         config = dataclasses.replace(config, source=STDIN)
     _warn(config.warnings)
+    for note in config.notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(config.to_dict(), indent=2))
     else:

@@ -53,7 +53,8 @@ $ kvtiers validate '{{"cpu_bytes_to_use": 2147483648}}'   # or the JSON itself
 $ kvtiers validate vllm.json --json              # print the resolved kvtiers config
 ```
 
-`kvtiers validate` exits 0 and prints a summary of the resolved stack (warnings on
+`kvtiers validate` exits 0 and prints a summary of the resolved stack (warnings, and
+notes from the tiers' machine checks such as other models' data on an `fs` root, on
 stderr), or exits 2 and prints one `error: <JSON path>: <problem>` line per problem.
 From Python, `kvtiers.config.load_config(source)` takes a path, a JSON string or a
 mapping and returns a frozen `KvtiersConfig`, or raises one `ConfigError` whose

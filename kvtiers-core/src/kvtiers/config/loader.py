@@ -21,7 +21,7 @@ from kvtiers.config.paths import join, path_sort_key
 from kvtiers.config.schema import CORE_SCHEMA
 from kvtiers.config.sections import Checker
 from kvtiers.config.source import ConfigSource, read_source
-from kvtiers.errors import ConfigError, ConfigProblem, PluginError
+from kvtiers.errors import ConfigError, ConfigNote, ConfigProblem, PluginError
 from kvtiers.plugins.registry import Registry, get_registry
 
 
@@ -90,7 +90,8 @@ def _load(source: ConfigSource, registry: Registry, check_machine: bool) -> Kvti
     if checker.problems:
         unique = list(dict.fromkeys(checker.problems))
         raise ConfigRejected(sorted(unique, key=lambda p: path_sort_key(p.path)), checker.warnings)
-    return _build(doc, checker.warnings, document.origin, unwrapped.source_format)
+    return _build(doc, checker.warnings, document.origin, unwrapped.source_format,
+                  notes=checker.notes)
 
 
 def _check_verifies(section: TierSection, registry: Registry, checker: Checker) -> None:
@@ -139,10 +140,15 @@ def _check_tier_machine(section: TierSection, registry: Registry, checker: Check
         for problem in problems:
             rel = str(getattr(problem, "path", "$"))
             rel = rel[1:] if rel.startswith("$") else "." + rel
-            checker.problem(s.path + rel, str(getattr(problem, "message", problem)))
+            message = str(getattr(problem, "message", problem))
+            if isinstance(problem, ConfigNote):
+                checker.notes.append(f"{s.path + rel}: {message}")
+            else:
+                checker.problem(s.path + rel, message)
 
 
-def _build(doc: dict[str, Any], warnings: list[str], origin: str, fmt: str) -> KvtiersConfig:
+def _build(doc: dict[str, Any], warnings: list[str], origin: str, fmt: str,
+           notes: list[str] | None = None) -> KvtiersConfig:
     breaker = doc["breaker"]
     return KvtiersConfig(
         cpu_bytes_to_use=int(doc["cpu_bytes_to_use"]),
@@ -158,6 +164,7 @@ def _build(doc: dict[str, Any], warnings: list[str], origin: str, fmt: str) -> K
         hash_seed=int(doc["hash_seed"]),
         model=doc["model"],
         warnings=tuple(warnings),
+        notes=tuple(notes or ()),
         source=origin,
         source_format=fmt,
     )

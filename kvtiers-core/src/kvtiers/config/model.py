@@ -57,7 +57,9 @@ class KvtiersConfig:
     """A validated config: everything the manager is built from. Field meanings and
     defaults are those of `kvtiers.config.schema.CORE_SCHEMA` (docs/configuration.md).
 
-    `warnings` (keys accepted but ignored, such as vLLM's), `source` (a file path,
+    `warnings` (keys accepted but ignored, such as vLLM's), `notes` (what tiers'
+    machine checks found worth saying, such as other models' data on a root),
+    `source` (a file path,
     `<inline JSON>` or `<mapping>`) and `source_format` (`kvtiers`,
     `vllm_kv_transfer_config` or `vllm_extra_config`) describe the loading and take
     no part in equality."""
@@ -73,6 +75,7 @@ class KvtiersConfig:
     hash_seed: int = default_of("hash_seed")
     model: str | None = default_of("model")
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)
     source: str = field(default="<mapping>", compare=False)
     source_format: str = field(default="kvtiers", compare=False)
 

@@ -48,6 +48,7 @@ class Checker:
         self.vllm = vllm
         self.problems: list[ConfigProblem] = []
         self.warnings: list[str] = []
+        self.notes: list[str] = []
         self._validators: dict[int, tuple[Mapping[str, Any], Validator]] = {}
 
     def problem(self, path: str, message: str) -> None:

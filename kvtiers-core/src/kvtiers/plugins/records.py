@@ -43,7 +43,8 @@ class TierRecord:
     `check` (optional; a callable or a lazy "module:function" path) runs the checks
     a schema cannot express against this machine - a directory that must exist and
     be writable, a device that must be there. `check(options)` gets the validated
-    section and returns `ConfigProblem`s with paths relative to it ("$.root_dir");
+    section and returns `ConfigProblem`s with paths relative to it ("$.root_dir"),
+    and may add `ConfigNote`s (facts for `kvtiers validate` that refuse nothing);
     `load_config` runs it unless machine checks are off (`--skip-machine-checks`)."""
 
     name: str
