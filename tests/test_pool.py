@@ -632,3 +632,32 @@ def test_hybrid_shared_attach_and_progress():
     assert not any(os.path.exists(p) for p in paths)
     with pytest.raises(FileNotFoundError):
         CpuPools.attach(name, [FULL, OTHER], pin=False)
+
+
+def _thp_eligible(address: int) -> bool | None:
+    """THPeligible of the mapping that holds `address` (None: not reported)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.startswith("THPeligible:"):
+                return line.split()[1] == "1"
+    return None
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")
+    or "[never]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read(),
+    reason="transparent huge pages are off on this machine",
+)
+def test_an_anonymous_pool_asks_for_huge_pages() -> None:
+    pool = CpuPool(2 << 20, 64 << 20, pin=False)
+    try:
+        assert _thp_eligible(pool.view.address) is True
+        pool.view.block(3)[:] = os.urandom(2 << 20)
+        assert bytes(pool.view.block(3)[:16]) != bytes(16)
+    finally:
+        pool.close()

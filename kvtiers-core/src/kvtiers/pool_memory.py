@@ -220,7 +220,27 @@ def shm_path(name: str, shm_dir: str = SHM_DIR) -> str:
 def create_anonymous(nbytes: int) -> Backing:
     # MAP_PRIVATE, not Python's default MAP_SHARED: shared anonymous memory is shmem
     # (counted as Shmem, no transparent huge pages), which nothing here needs.
-    return Backing(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), nbytes)
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    advise_huge_pages(mm)
+    return Backing(mm, nbytes)
+
+
+def advise_huge_pages(mm: mmap.mmap) -> bool:
+    """Ask for transparent huge pages (before the pages exist). With 2 MiB pages a
+    slot is a few physically contiguous ranges instead of hundreds of 4 KiB pages,
+    so an O_DIRECT transfer of a block is one or two device requests rather than
+    several requests of up to 254 segments each (on the development VM: +26% for
+    cold 2 MiB reads from ext4, +20% for writes; docs/benchmarks.md), and copies
+    take fewer TLB misses. A no-op where THP is off ("never") or unsupported.
+    True if the kernel took the advice."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None:
+        return False
+    try:
+        mm.madvise(advice)
+    except OSError:
+        return False
+    return True
 
 
 def create_shm(path: str, nbytes: int) -> Backing:
