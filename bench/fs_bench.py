@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,14 +57,22 @@ DEFAULT_VLLM_PYTHON = "/work/vllm-venv/bin/python"
 # -- helpers usable in both venvs (no kvtiers imports) ---------------------------
 
 
-def _pool(nbytes: int) -> Any:
-    import mmap
-
-    buf = mmap.mmap(-1, nbytes)
+def _fill(buf: Any, nbytes: int) -> Any:
     for off in range(0, nbytes, 64 * MiB):  # random bytes, never zeros
         n = min(64 * MiB, nbytes - off)
         buf[off : off + n] = os.urandom(n)
     return buf
+
+
+def _pool(nbytes: int, huge: bool = True) -> Any:
+    """A page-aligned buffer. `huge`: like kvtiers' anonymous CpuPool (private,
+    transparent huge pages); else 4 KiB pages (what the pool was before it asked
+    for huge pages, and what a buffer gets by default)."""
+    import mmap
+
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    buf.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+    return _fill(buf, nbytes)
 
 
 def _drop_cache(paths: list[str]) -> None:
@@ -101,7 +110,7 @@ def vllm_worker(args: argparse.Namespace) -> None:
     bb, n, per_job = args.block_bytes, args.blocks, args.job_blocks
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
-    buf = _pool(bb * n)
+    buf = _pool(bb * n, huge=args.vllm_buffer == "huge")
     view = memoryview(buf)
     o_direct = probe_o_direct(str(root))
     names = [hashlib.sha256(f"{args.seed}-{i}".encode()).hexdigest() for i in range(n)]
@@ -140,17 +149,20 @@ def vllm_worker(args: argparse.Namespace) -> None:
 
 def _tier(root: Path, bb: int, slots: int, *, capacity: int, threads: int, **opts: Any) -> Any:
     from kvtiers.namespace import BlockGeometry, Namespace
-    from kvtiers.pool_view import PoolView
+    from kvtiers.pool import CpuPool
     from kvtiers.tier import TierContext
     from kvtiers_fs.tier import FsTier
 
     root.mkdir(parents=True, exist_ok=True)
     geometry = BlockGeometry(layers=1, kv_heads=1, head_size=bb // 2, dtype="uint8",
                              tokens_per_block=1)
-    ctx = TierContext(PoolView(_pool(slots * bb), bb), Namespace("bench/model", (geometry,)),
-                      name="fs-bench")
-    return FsTier(ctx, {"root_dir": str(root), "capacity_bytes": capacity,
+    pool = CpuPool(bb, slots * bb, pin=False)  # the tier moves blocks from/to the pool
+    _fill(pool.view.buffer, slots * bb)
+    ctx = TierContext(pool.view, Namespace("bench/model", (geometry,)), name="fs-bench")
+    tier = FsTier(ctx, {"root_dir": str(root), "capacity_bytes": capacity,
                         "threads": {"load": threads, "store": threads}, **opts})
+    weakref.finalize(tier, pool.close)
+    return tier
 
 
 def _run_jobs(tier: Any, keys: list[bytes], per_job: int, load: bool) -> float:
@@ -252,14 +264,16 @@ def fio_pass(d: Path, bb: int, total: int) -> dict[str, float]:
 
 
 def vllm_pass(args: argparse.Namespace, d: Path, bb: int, n: int,
-              threads: int) -> tuple[float, float] | None:
+              threads: int, buffer: str, per_job: int | None = None
+              ) -> tuple[float, float] | None:
     py = args.vllm_python
     if not py or not os.path.exists(py):
         return None
+    per_job = per_job or args.job_blocks_for[bb]
     out = subprocess.run(
         [py, __file__, "--vllm-worker", "--dir", str(d), "--block-bytes", str(bb),
-         "--blocks", str(n), "--job-blocks", str(args.job_blocks_for[bb]),
-         "--threads", str(threads)],
+         "--blocks", str(n), "--job-blocks", str(per_job),
+         "--threads", str(threads), "--vllm-buffer", buffer],
         check=True, capture_output=True, text=True).stdout
     res = json.loads(out.strip().splitlines()[-1])
     return res["store_s"], res["load_s"]
@@ -268,6 +282,8 @@ def vllm_pass(args: argparse.Namespace, d: Path, bb: int, n: int,
 FIO_NEW = "fio seq O_DIRECT libaio qd16, new files"
 FIO_OVER = "fio seq O_DIRECT libaio qd16, overwrite"
 KV_FILL = "kvtiers-fs O_DIRECT, filling an empty tier"
+VLLM_ROWS = {"huge": "vllm-fs (pure Python)",
+             "4k": "vllm-fs (pure Python), 4 KiB-page buffer"}
 
 
 def throughput(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
@@ -285,10 +301,12 @@ def throughput(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
         def python(d: Path) -> None:
             add("python-pwrite O_DIRECT", *python_pass(d, bb, n, args.threads))
 
-        def vllm(d: Path) -> None:
-            got = vllm_pass(args, d, bb, n, args.threads)
-            if got is not None:
-                add("vllm-fs (pure Python)", *got)
+        def vllm(buffer: str) -> Callable[[Path], None]:
+            def run(d: Path) -> None:
+                got = vllm_pass(args, d, bb, n, args.threads, buffer)
+                if got is not None:
+                    add(VLLM_ROWS[buffer], *got)
+            return run
 
         def kvtiers(name: str, **opts: Any) -> Callable[[Path], None]:
             def run(d: Path) -> None:
@@ -300,7 +318,8 @@ def throughput(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
 
         configs: list[tuple[str, Callable[[Path], None]]] = [
             ("python-pwrite", python),
-            ("vllm-fs", vllm),
+            ("vllm-fs", vllm("huge")),
+            ("vllm-fs 4k pages", vllm("4k")),
             ("kvtiers-fs O_DIRECT", kvtiers("kvtiers-fs O_DIRECT")),
             ("kvtiers-fs buffered", kvtiers("kvtiers-fs buffered", o_direct=False)),
             ("kvtiers-fs durable", kvtiers("kvtiers-fs O_DIRECT durable", durable=True)),
@@ -345,7 +364,7 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     fio_store = max((by[k]["store_MBps"] for k in (FIO_NEW, FIO_OVER) if k in by),
                     default=None)
     fio_load = by[FIO_NEW]["load_MBps"] if FIO_NEW in by else None
-    vllm = by.get("vllm-fs (pure Python)")
+    vllm, vllm_4k = by.get(VLLM_ROWS["huge"]), by.get(VLLM_ROWS["4k"])
     if fio_store:
         out["store_vs_best_fio"] = round(kv["store_MBps"] / fio_store, 3)
     if fio_load:
@@ -353,9 +372,45 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if vllm:
         out["store_vs_vllm"] = round(kv["store_MBps"] / vllm["store_MBps"], 3)
         out["load_vs_vllm"] = round(kv["load_MBps"] / vllm["load_MBps"], 3)
+    if vllm_4k:  # vLLM as the earlier runs measured it, before the pool's huge pages
+        out["store_vs_vllm_4k_pages"] = round(kv["store_MBps"] / vllm_4k["store_MBps"], 3)
+        out["load_vs_vllm_4k_pages"] = round(kv["load_MBps"] / vllm_4k["load_MBps"], 3)
     if KV_FILL in by and FIO_NEW in by:
         out["fill_vs_fio_new_files"] = round(
             by[KV_FILL]["store_MBps"] / by[FIO_NEW]["store_MBps"], 3)
+    return out
+
+
+def one_request(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    """One request's prefix alone: a single job of --request-blocks 2 MiB blocks,
+    stored, then loaded, with nothing else queued (what the engine waits for before
+    the request's first token). vLLM runs a job as one task, its blocks one after
+    another on one thread; kvtiers-fs spreads a job's blocks over its threads."""
+    bb, n = 2 * MiB, args.request_blocks
+    times: dict[str, list[tuple[float, float]]] = {}
+    for run in range(args.runs):
+        for name in (["vllm", "kvtiers"] if run % 2 == 0 else ["kvtiers", "vllm"]):
+            d = base / f"request{run}"
+            try:
+                if name == "vllm":
+                    got = vllm_pass(args, d, bb, n, args.threads, "huge", per_job=n)
+                else:
+                    t = kvtiers_pass(d, bb, n, n, args.threads)
+                    got = (t["store"], t["load"])
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            if got is not None:
+                times.setdefault(name, []).append(got)
+    out: dict[str, Any] = {"blocks": n, "block_bytes": bb, "runs": args.runs}
+    for name, vals in times.items():
+        out[name] = {"store_ms": round(statistics.median(v[0] for v in vals) * 1e3, 1),
+                     "load_ms": round(statistics.median(v[1] for v in vals) * 1e3, 1),
+                     "store_all_ms": [round(v[0] * 1e3, 1) for v in vals],
+                     "load_all_ms": [round(v[1] * 1e3, 1) for v in vals]}
+    if "vllm" in out and "kvtiers" in out:
+        out["load_speedup_vs_vllm"] = round(out["vllm"]["load_ms"] / out["kvtiers"]["load_ms"], 2)
+        out["store_speedup_vs_vllm"] = round(
+            out["vllm"]["store_ms"] / out["kvtiers"]["store_ms"], 2)
     return out
 
 
@@ -484,12 +539,15 @@ def main() -> None:
     p.add_argument("--bytes-64k", type=int, default=256 * MiB)
     p.add_argument("--startup-blocks", type=int, default=1_000_000)
     p.add_argument("--queued-stores", type=int, default=1000)
+    p.add_argument("--request-blocks", type=int, default=64,
+                   help="blocks of the single job of the one-request test")
     p.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     p.add_argument("--json", default=str(Path(__file__).parent / "results" / "fs_bench.json"))
     p.add_argument("--quick", action="store_true", help="small sizes, one run")
-    p.add_argument("--skip", default="", help="comma list of: throughput,latency,startup")
+    p.add_argument("--skip", default="", help="comma list of: throughput,request,latency,startup")
     # vLLM worker mode (internal)
     p.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--vllm-buffer", choices=("4k", "huge"), help=argparse.SUPPRESS)
     p.add_argument("--block-bytes", type=int, help=argparse.SUPPRESS)
     p.add_argument("--blocks", type=int, help=argparse.SUPPRESS)
     p.add_argument("--job-blocks", type=int, help=argparse.SUPPRESS)
@@ -500,7 +558,7 @@ def main() -> None:
         return
     if args.quick:
         args.runs, args.bytes_2m, args.bytes_64k = 1, 64 * MiB, 16 * MiB
-        args.startup_blocks, args.queued_stores = 20_000, 100
+        args.startup_blocks, args.queued_stores, args.request_blocks = 20_000, 100, 16
     args.job_blocks_for = {2 * MiB: 8, 64 << 10: 64}
     skip = set(filter(None, args.skip.split(",")))
     base = Path(args.dir or tempfile.mkdtemp(prefix="kvfs-bench-", dir="/var/tmp"))
@@ -515,6 +573,8 @@ def main() -> None:
         if "throughput" not in skip:
             result["throughput"] = throughput(args, base)
             result["targets"] = targets(result["throughput"])
+        if "request" not in skip:
+            result["one_request"] = one_request(args, base)
         if "latency" not in skip:
             result["load_behind_stores"] = load_behind_stores(args, base)
         if "startup" not in skip:
@@ -529,6 +589,8 @@ def main() -> None:
               f"{r['load_MBps'] or '-':>10}")
     if result.get("targets"):
         print("targets (2 MiB):", result["targets"])
+    if "one_request" in result:
+        print("one request alone:", result["one_request"])
     if "load_behind_stores" in result:
         print("load behind queued stores:", result["load_behind_stores"])
     if "startup" in result:
