@@ -6,9 +6,11 @@ Threads and what they may do:
 
 - the scheduler thread calls `lookup`, `submit_*`, `touch`, `get_finished_jobs`,
   `stats`: dictionary work only (the in-memory index of each root), never I/O;
-- I/O threads (a `DualQueueThreadPool`) run one task per block - `pwritev`/`preadv`
+- I/O threads (a `DualQueueThreadPool`) run one task per block (per 1 MiB of
+  consecutive blocks of a job, for blocks smaller than that) - `pwritev`/`preadv`
   straight from/to the pool slot, checksums included - plus one task per store job
-  that reserves room in the shared journal;
+  that reserves room in the shared journal; a store job's block tasks go to the
+  head of the store queue, so that its writes start while later jobs reserve;
 - the probe thread (`AsyncProbe`) answers lookups of keys this process has not seen
   yet: it reads what other processes appended to the journal, then looks again.
 
@@ -117,6 +119,35 @@ class _Task:
             self.tier._finish(self.state, {k: FailureReason.CLOSED for k in self.state.job.keys})
         else:
             self.tier._block_done(self, FailureReason.CLOSED)
+
+
+class _Batch:
+    """Consecutive block tasks of one job run as one pool task: for small blocks the
+    pool's per-task cost (queue, wake-up, counters) would outweigh the I/O."""
+
+    __slots__ = ("tasks",)
+
+    def __init__(self, tasks: list[_Task]):
+        self.tasks = tasks
+
+    def run(self) -> None:
+        for task in self.tasks:
+            task.run()
+
+    def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+
+
+#: block tasks are batched up to this many bytes per pool task (one block at least)
+BATCH_BYTES = 1 << 20
+
+
+def _batched(tasks: list[_Task], block_bytes: int) -> list[_Task] | list[_Batch]:
+    per = BATCH_BYTES // block_bytes
+    if per <= 1:
+        return tasks
+    return [_Batch(tasks[i : i + per]) for i in range(0, len(tasks), per)]
 
 
 class FsTier(SecondaryTier):
@@ -246,7 +277,7 @@ class FsTier(SecondaryTier):
         for root, idns in by_root.items():  # what lookup called a HIT stays until loaded
             self.stores[root].pin(idns)
         state.left = len(tasks)
-        if not self._pool.submit(LOAD, tasks):
+        if not self._pool.submit(LOAD, _batched(tasks, self.block_bytes)):
             for task in tasks:
                 task.cancel()
 
@@ -354,7 +385,7 @@ class FsTier(SecondaryTier):
         # At the head of the queue: with many store jobs queued, the reservations
         # (one at a time, under the namespace lock) would otherwise all run before
         # any block is written, leaving the disk idle meanwhile.
-        if not self._pool.submit(STORE, tasks, first=True):
+        if not self._pool.submit(STORE, _batched(tasks, self.block_bytes), first=True):
             for task in tasks:
                 task.cancel()
 
