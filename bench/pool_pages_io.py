@@ -6,8 +6,9 @@ blocks from/to a buffer of 4 KiB pages vs one of 2 MiB pages, same files, same r
 
 A 2 MiB transfer from 4 KiB pages is 512 physical segments, split by the block layer
 into several requests (max_segments is often 128-254); from one huge page it is one
-segment. Prints MB/s (median of runs, order rotated) for cold reads and for
-overwrites of existing files; writes JSON next to the other results.
+segment. Prints MB/s (median of runs, order rotated) for cold reads, overwrites
+of existing files and writes of new files (the last two: why a full fs tier
+recycles evicted files); writes JSON next to the other results.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def main() -> None:
     p.add_argument("--dir", required=True, help="a directory on the filesystem to test "
                    "(created; removed at the end)")
     p.add_argument("--blocks", type=int, default=512)
-    p.add_argument("--runs", type=int, default=8)
+    p.add_argument("--runs", type=int, default=6)
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--json", default=str(Path(__file__).parent / "results" /
                                          "pool_pages_io.json"))
@@ -54,13 +55,14 @@ def main() -> None:
         headers = mmap.mmap(-1, HEADER * n)
         paths = [str(d / f"b{i:06d}") for i in range(n)]
 
-        def io(name: str, write: bool):
+        def io(name: str, write: bool, new: bool = False):
             view = memoryview(pools[name])
+            where = [p + ".new" for p in paths] if new else paths
 
             def one(i: int) -> None:
                 vecs = [memoryview(headers)[i * HEADER : (i + 1) * HEADER],
                         view[i * BLOCK : (i + 1) * BLOCK]]
-                fd = os.open(paths[i], (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY)
+                fd = os.open(where[i], (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY)
                              | os.O_DIRECT, 0o600)
                 try:
                     (os.pwritev if write else os.preadv)(fd, vecs, 0)
@@ -71,8 +73,8 @@ def main() -> None:
         with ThreadPoolExecutor(args.threads) as ex:
             list(ex.map(io("4 KiB pages", True), range(n)))  # the files exist from here on
             os.sync()
-            cases = {f"{what} {name}": io(name, what == "overwrite")
-                     for what in ("read", "overwrite") for name in pools}
+            cases = {f"{what} {name}": io(name, what != "read", what == "new files")
+                     for what in ("read", "overwrite", "new files") for name in pools}
             got: dict[str, list[float]] = {k: [] for k in cases}
             names = list(cases)
             for run in range(args.runs):
@@ -81,6 +83,8 @@ def main() -> None:
                     t = time.perf_counter()
                     list(ex.map(cases[name], range(n)))
                     got[name].append(n * BLOCK / (time.perf_counter() - t) / 1e6)
+                    for path in paths:  # "new files" writes new files every time
+                        Path(path + ".new").unlink(missing_ok=True)
                     os.sync()
     finally:
         shutil.rmtree(d, ignore_errors=True)
