@@ -128,8 +128,10 @@ def test_write_back_copies_on_eviction_only(harness):
     assert h.mgr.stats()["tiers"]["memory"]["cascaded_blocks"] == 0
     # Evicting dirty blocks starts their copies; the first store cannot get slots yet.
     assert h.mgr.prepare_store([key(10), key(11)]) is None
+    assert h.mgr.stats()["pool"]["evictions"] == 0  # copying down; not gone yet
     h.settle()
     assert h.mgr.stats()["tiers"]["memory"]["cascaded_blocks"] == 2
+    assert h.mgr.stats()["pool"]["evictions"] == 2  # copied down, then freed
     assert h.store([key(10), key(11)]) == [key(10), key(11)]
     # Every slot holds a dirty block: the promotion's slot must be copied down
     # first, so the first answer is a miss that starts that copy.

@@ -336,9 +336,10 @@ class TieringOffloadingManager(TierTraffic, ParentManager):
         if n:
             return
         self._pinned -= 1
-        if self._flags[slot] & LEAVING:
+        if self._flags[slot] & LEAVING:  # a write_back eviction, done now
             self._policy.remove(key)
             self._free_slot(slot)
+            self.counters["evictions"] += 1
             self._events.append(OffloadEvent("removed", [key]))
         else:
             self._policy.unpin(key)
