@@ -309,3 +309,35 @@ def test_reset_drops_unpinned(harness):
     assert h.mgr.lookup(key(1)) is HIT
     assert h.mgr.lookup(key(2)) is MISS
     h.mgr.complete_load([key(1)])
+
+
+def test_stats_asks_tiers_outside_the_managers_lock(harness):
+    """A tier whose stats() waits on a thread that calls into the manager (as a tier
+    serving peers does under its own lock) must not deadlock stats()."""
+    import threading
+
+    from kvtiers.tiers.memory import MemoryTier
+
+    box: dict[str, object] = {}
+
+    class CallsBack(MemoryTier):
+        serves_peers = True  # the manager then guards its state with a real lock
+
+        def stats(self) -> TierStats:
+            done = threading.Event()
+
+            def peer() -> None:
+                box["mgr"].lookup(key(1))  # type: ignore[attr-defined]
+                done.set()
+
+            threading.Thread(target=peer, daemon=True).start()
+            box["answered"] = done.wait(5)
+            return super().stats()
+
+    spec = memory_tier(8)
+    h = harness(4, tiers=[{"type": "memory", "name": "calls-back",
+                           "factory": lambda ctx: CallsBack(ctx, spec["options"])}])
+    box["mgr"] = h.mgr
+    h.store([key(0)])
+    assert "calls-back" in h.mgr.stats()["tiers"]
+    assert box["answered"], "stats() held the manager's lock while asking the tier"

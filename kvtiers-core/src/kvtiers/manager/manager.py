@@ -454,19 +454,18 @@ class TieringOffloadingManager(TierTraffic, ParentManager):
                 pinned=self._pinned,
                 free=self._alloc.free_count,
             )
-            tiers = {}
-            for rt in self._tiers:
-                try:
-                    tier_stats = rt.tier.stats().as_dict()
-                except Exception:  # noqa: BLE001
-                    tier_stats = {}
-                tiers[rt.name] = {
-                    **tier_stats,
-                    **vars(rt.counters),
-                    "breaker": rt.breaker.state.value,
-                    "queued_cascades": len(rt.queue),
-                }
-            return {"pool": pool, "tiers": tiers}
+            ours = [(rt, {**vars(rt.counters), "breaker": rt.breaker.state.value,
+                          "queued_cascades": len(rt.queue)}) for rt in self._tiers]
+        # The tiers' own stats outside the manager's lock: a tier may take locks of
+        # its own (one that serves peers calls back into the manager under them).
+        tiers = {}
+        for rt, counters in ours:
+            try:
+                tier_stats = rt.tier.stats().as_dict()
+            except Exception:  # noqa: BLE001
+                tier_stats = {}
+            tiers[rt.name] = {**tier_stats, **counters}
+        return {"pool": pool, "tiers": tiers}
 
     def reset(self) -> None:
         """Drop every block that is not pinned, and every queued cascade."""
