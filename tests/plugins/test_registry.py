@@ -153,6 +153,19 @@ def test_two_distributions_registering_one_name_break_that_name_only(
     assert all(r["status"] == "error" and "kvtiers-beta" in r["error"] for r in rows)
 
 
+def test_a_plugin_cannot_take_a_built_in_name(fake_plugins: FakePlugins) -> None:
+    fake_plugins.add("kvtiers-squatter", {"squat": tier_module("memory", "squat-ok")})
+    reg = fake_plugins.load()
+    assert reg.get_tier("memory").distribution == "kvtiers-core"  # still usable
+    assert reg.get_tier("squat-ok").distribution == "kvtiers-squatter"
+    assert not reg.conflicts
+    [failure] = [f for f in reg.failures if f.name == "memory"]
+    assert failure.distribution == "kvtiers-squatter" and "built-in" in failure.reason
+    rows = rows_for(reg, "memory")
+    assert {(r["distribution"], r["status"]) for r in rows} == {
+        ("kvtiers-core", "ok"), ("kvtiers-squatter", "error")}
+
+
 def test_three_claims_name_all_three(fake_plugins: FakePlugins) -> None:
     for dist in ("kvtiers-a", "kvtiers-b", "kvtiers-c"):
         fake_plugins.add(dist, {dist[-1]: tier_module("same")})

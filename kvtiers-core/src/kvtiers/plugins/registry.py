@@ -4,7 +4,8 @@ The loader iterates the entry points itself so that each plugin fails alone: an
 import error, an exception in a hook, a record for another contract version is
 recorded as a `PluginFailure` and reported by `kvtiers plugins`; it breaks only a
 config that selects what that plugin would have provided. Two distributions
-registering one name make that name (only) unusable, with both named.
+registering one name make that name (only) unusable, with both named; a plugin
+registering a built-in name is refused (reported), and the built-in stays.
 
 Environment: `KVTIERS_PLUGINS_DISABLE` (comma-separated entry-point or distribution
 names to skip) and `KVTIERS_PLUGINS_ALLOW` (if set, load only these). The core's
@@ -255,6 +256,20 @@ def _add(
     reg = Registered(rec, plugin, dist, version)
     table = registry._table(kind)
     key = (kind, rec.name)
+    held = table.get(rec.name)
+    if held is not None and CORE_DISTRIBUTION in (dist, held.distribution):
+        # A built-in name is reserved: the core's record stays, the other is refused.
+        core, other = (reg, held) if dist == CORE_DISTRIBUTION else (held, reg)
+        table[rec.name] = core
+        registry.failures.append(
+            PluginFailure(
+                other.plugin, other.distribution, other.version,
+                f"{kind} {rec.name!r} is a built-in of {CORE_DISTRIBUTION}; a plugin must "
+                "register another name",
+                kind, rec.name,
+            )
+        )
+        return
     if key in registry.conflicts:
         registry.conflicts[key].append(reg)
     elif rec.name in table:
