@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from kvtiers.jobs import FailureReason
 from kvtiers.keys import make_key
 
@@ -35,9 +37,11 @@ def _inodes(root: Path, tier: object) -> set[int]:
             for e in os.scandir(d) if e.name.endswith(".kvb")}
 
 
-def test_a_full_tier_reuses_evicted_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [{}, {"o_direct": False}, {"durable": True}],
+                         ids=["o_direct-auto", "buffered", "durable"])
+def test_a_full_tier_reuses_evicted_files(tmp_path: Path, options: dict[str, object]) -> None:
     ctx = context(slots=16)
-    tier = open_tier(ctx, tmp_path, capacity_blocks=8)
+    tier = open_tier(ctx, tmp_path, capacity_blocks=8, **options)
     try:
         old = _keys(8)
         assert store_keys(tier, old).success
@@ -54,7 +58,7 @@ def test_a_full_tier_reuses_evicted_files(tmp_path: Path) -> None:
         assert tier.stats().usage_bytes == 8 * FILE
     finally:
         tier.close()
-    again = open_tier(context(slots=16), tmp_path, capacity_blocks=8)
+    again = open_tier(context(slots=16), tmp_path, capacity_blocks=8, **options)
     try:
         assert sorted(load_and_check(again, new, first_slot=8).ok) == sorted(new)
     finally:
