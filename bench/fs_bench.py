@@ -533,16 +533,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", default=None, help="benchmark directory (default: a temp dir "
                    "under /var/tmp); everything under it is removed at the end")
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--runs", type=int, default=3, help="runs per row; the median is reported")
     p.add_argument("--threads", type=int, default=8, help="threads per kind (both sides)")
-    p.add_argument("--bytes-2m", type=int, default=512 * MiB)
-    p.add_argument("--bytes-64k", type=int, default=256 * MiB)
-    p.add_argument("--startup-blocks", type=int, default=1_000_000)
-    p.add_argument("--queued-stores", type=int, default=1000)
+    p.add_argument("--bytes-2m", type=int, default=512 * MiB,
+                   help="bytes per pass with 2 MiB blocks")
+    p.add_argument("--bytes-64k", type=int, default=256 * MiB,
+                   help="bytes per pass with 64 KiB blocks")
+    p.add_argument("--startup-blocks", type=int, default=1_000_000,
+                   help="4 KiB blocks on disk for the start-up test")
+    p.add_argument("--queued-stores", type=int, default=1000,
+                   help="store jobs queued ahead of the latency test's load")
     p.add_argument("--request-blocks", type=int, default=64,
                    help="blocks of the single job of the one-request test")
-    p.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
-    p.add_argument("--json", default=str(Path(__file__).parent / "results" / "fs_bench.json"))
+    p.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON,
+                   help="python of a venv with vLLM 0.33 (its rows are left out when "
+                   "this does not exist)")
+    p.add_argument("--json", default=str(Path(__file__).parent / "results" / "fs_bench.json"),
+                   help="where the results go")
     p.add_argument("--quick", action="store_true", help="small sizes, one run")
     p.add_argument("--skip", default="", help="comma list of: throughput,request,latency,startup")
     # vLLM worker mode (internal)
