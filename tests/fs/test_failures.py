@@ -148,27 +148,44 @@ def test_a_vanished_root_costs_misses_not_exceptions(tmp_path: Path) -> None:
     assert not root.exists(), "the tier recreated a vanished root"
 
 
+class _HungOnce:
+    """Wraps a read function: the first call hangs until released, like a dead disk."""
+
+    def __init__(self, real: object):
+        self.real, self.hang, self.release = real, threading.Event(), threading.Event()
+
+    def __call__(self, *args: object) -> object:
+        if not self.hang.is_set():
+            self.hang.set()
+            assert self.release.wait(30)
+        return self.real(*args)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
 def test_a_job_taken_after_its_deadline_times_out_without_io(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch
-                                                             ) -> None:
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             path: str) -> None:
     root = tmp_path / "root"
     root.mkdir()
     clock = ManualClock()
     ctx = context(clock=clock)
     tier = open_tier(ctx, root, threads={"load": 1, "store": 1})
     stored, fresh = random_keys(2), random_keys(2)
-    hang, release = threading.Event(), threading.Event()
-    real_preadv = os.preadv
-
-    def hung_preadv(*args: object) -> int:  # the first read hangs, like a dead disk
-        if not hang.is_set():
-            hang.set()
-            assert release.wait(30)
-        return real_preadv(*args)  # type: ignore[arg-type]
+    if path == "python":  # loads one block at a time, through os.preadv
+        monkeypatch.setattr(blockio, "_readmany", None)
+        hung = _HungOnce(os.preadv)
+    else:  # small blocks of a job read in one native call (BlockIO.read_many)
+        if blockio._readmany is None:
+            pytest.skip("kvtiers_fs._readmany was not built")
+        hung = _HungOnce(blockio._readmany.read_files)
+    hang, release = hung.hang, hung.release
 
     try:
         assert store_keys(tier, stored).success
-        monkeypatch.setattr(blockio.os, "preadv", hung_preadv)
+        if path == "python":
+            monkeypatch.setattr(blockio.os, "preadv", hung)
+        else:
+            monkeypatch.setattr(blockio, "_readmany", type("Hung", (), {"read_files": hung})())
         jobs = JobTracker(tier)
         first = jobs.load(stored[:1], [10])
         assert hang.wait(10)

@@ -42,7 +42,7 @@ from kvtiers.tiers._factory import current_registry
 from kvtiers.tiers._options import resolve_options
 
 from kvtiers_fs import layout
-from kvtiers_fs.blockio import BlockIO, ReadOutcome, probe_o_direct
+from kvtiers_fs.blockio import BlockIO, ReadOutcome, ReadResult, probe_o_direct
 from kvtiers_fs.dualqueue import LOAD, STORE, DualQueueThreadPool
 from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.layout import Ident
@@ -88,12 +88,13 @@ class _JobState:
 class _Task:
     """One unit of work on an I/O thread: a block, or a store job's reservation."""
 
-    __slots__ = ("tier", "state", "index", "root", "idn", "recycled")
+    __slots__ = ("tier", "state", "index", "root", "idn", "recycled", "done")
 
     def __init__(self, tier: FsTier, state: _JobState, index: int = -1, root: int = -1,
                  idn: Ident = b"", recycled: bool = False):
         self.tier, self.state, self.index, self.root, self.idn = tier, state, index, root, idn
         self.recycled = recycled  # a store into an evicted block's file
+        self.done = False  # reported through _block_done
 
     def run(self) -> None:
         tier = self.tier
@@ -131,6 +132,17 @@ class _Batch:
         self.tasks = tasks
 
     def run(self) -> None:
+        first = self.tasks[0]
+        if first.state.load:
+            try:
+                first.tier._load_batch(self.tasks)
+            except Exception as exc:  # noqa: BLE001 - a bug costs misses, not the engine
+                first.tier.ctx.logger.exception("kvtiers-fs load batch crashed")
+                first.tier._errors.record("task", exc)
+                for task in self.tasks:
+                    if not task.done:
+                        first.tier._block_done(task, FailureReason.IO)
+            return
         for task in self.tasks:
             task.run()
 
@@ -444,6 +456,37 @@ class FsTier(SecondaryTier):
                 return
             finally:
                 layout.close_quiet(shard)
+        self._after_read(task, got)
+
+    def _load_batch(self, tasks: list[_Task]) -> None:
+        """Loads of consecutive small blocks of one job: one native call reads them
+        all (`BlockIO.read_many`); a block it does not settle takes `_load_block`."""
+        state, job = tasks[0].state, tasks[0].state.job
+        state.start()
+        live = []
+        for task in tasks:
+            if state.expired(self.ctx.clock()):
+                self._block_done(task, FailureReason.TIMEOUT)
+            else:
+                live.append(task)
+        by_root: dict[int, list[_Task]] = {}
+        for task in live:
+            by_root.setdefault(task.root, []).append(task)
+        for root, group in by_root.items():
+            items = [(t.idn, job.keys[t.index], self.ctx.pool.block(job.slots[t.index]))
+                     for t in group]
+            try:
+                results = self._io[root].read_many(self.stores[root].blocks_fd, items)
+            except OSError:
+                results = [None] * len(group)
+            for task, got in zip(group, results, strict=True):
+                if got is None:
+                    self._load_block(task)
+                else:
+                    self._after_read(task, got)
+
+    def _after_read(self, task: _Task, got: ReadResult) -> None:
+        store, key = self.stores[task.root], task.state.job.keys[task.index]
         if got.outcome is ReadOutcome.OK:
             self._block_done(task, None)
         elif got.outcome is ReadOutcome.MISSING:
@@ -478,6 +521,7 @@ class FsTier(SecondaryTier):
             self._errors.record("remove", exc, store.root)
 
     def _block_done(self, task: _Task, reason: FailureReason | None) -> None:
+        task.done = True
         state = task.state
         key = state.job.keys[task.index]
         with state.lock:
