@@ -98,21 +98,21 @@ def test_a_reader_of_a_recycled_file_sees_a_miss_not_corruption(tmp_path: Path) 
         assert store_keys(writer_tier, [victim, other]).success
         idn = layout.ident(victim)
         store = reader_tier.stores[0]
-        path = f"{layout.shard_of(idn)}/{layout.block_name(idn)}"
+        path = layout.block_relpath(idn)
         fd = os.open(path, os.O_RDONLY, dir_fd=store.blocks_fd)  # the read begins
         newer = _keys(1)
         assert store_keys(writer_tier, newer, first_slot=2).success
         assert writer_tier.stores[0].recycled == 1
-        assert reader_tier._io[0]._read_fd(fd, idn, victim, reader_tier.ctx.pool.block(5),
+        assert reader_tier._io[0]._read_fd(fd, victim, reader_tier.ctx.pool.block(5),
                                            store.blocks_fd, path).outcome \
             is ReadOutcome.MISSING
         # ... while a file that is still at its name and fails verification is corrupt
         oidn = layout.ident(other)
-        opath = f"{layout.shard_of(oidn)}/{layout.block_name(oidn)}"
+        opath = layout.block_relpath(oidn)
         fd = os.open(opath, os.O_RDWR, dir_fd=store.blocks_fd)
         os.pwrite(fd, b"\xff", layout.HEADER_BYTES + 7)
         os.lseek(fd, 0, os.SEEK_SET)
-        assert reader_tier._io[0]._read_fd(fd, oidn, other, reader_tier.ctx.pool.block(5),
+        assert reader_tier._io[0]._read_fd(fd, other, reader_tier.ctx.pool.block(5),
                                            store.blocks_fd, opath).outcome \
             is ReadOutcome.CORRUPT
         assert load_and_check(writer_tier, newer, first_slot=2).ok == newer

@@ -229,9 +229,9 @@ def advise_huge_pages(mm: mmap.mmap) -> bool:
     """Ask for transparent huge pages (before the pages exist). With 2 MiB pages a
     slot is a few physically contiguous ranges instead of hundreds of 4 KiB pages,
     so an O_DIRECT transfer of a block is one or two device requests rather than
-    several requests of up to 254 segments each (on the development VM: +26% for
-    cold 2 MiB reads from ext4, +20% for writes; docs/benchmarks.md), and copies
-    take fewer TLB misses. A no-op where THP is off ("never") or unsupported.
+    several requests of up to 254 segments each (on the development VM: +36% for
+    cold 2 MiB reads from ext4, +32% for overwrites; bench/pool_pages_io.py), and
+    copies take fewer TLB misses. A no-op where THP is off ("never") or unsupported.
     True if the kernel took the advice."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None:

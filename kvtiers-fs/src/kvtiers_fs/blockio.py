@@ -34,13 +34,13 @@ from kvtiers_fs import layout
 from kvtiers_fs.layout import ALIGN, HEADER_BYTES, HeaderError
 
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
 
 try:  # the optional native helper (setup.py): a batch of loads, one GIL release
     from kvtiers_fs import _readmany
-except ImportError:  # pragma: no cover - built where a compiler was found
+except ImportError:  # pragma: no cover - not built where no C compiler was found
     _readmany = None  # type: ignore[assignment]
-_RENAME_NOREPLACE = 1
-_AT_FDCWD = -100
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -143,6 +143,8 @@ class BlockIO:
             os.fsync(shard_fd)
 
     def _open_tmp(self, tmp: str, shard_fd: int, recycled: bool) -> int:
+        """The temporary file to write: the recycled one when it is there, regular
+        and of the block file's size; else a new one (O_EXCL)."""
         flags = os.O_WRONLY | self._direct
         if recycled:
             try:  # O_NONBLOCK: a FIFO planted there must not hang the thread
@@ -175,7 +177,7 @@ class BlockIO:
             if exc.errno == errno.EINVAL and not _is_regular_at(layout.block_name(idn), shard_fd):
                 return ReadResult(ReadOutcome.CORRUPT, "not a regular file")  # O_DIRECT FIFO
             raise
-        return self._read_fd(fd, idn, key, block, shard_fd, layout.block_name(idn))
+        return self._read_fd(fd, key, block, shard_fd, layout.block_name(idn))
 
     def read_beneath(self, blocks_fd: int, idn: bytes, key: bytes,
                      block: memoryview) -> ReadResult | None:
@@ -184,7 +186,7 @@ class BlockIO:
         read - when openat2 is unavailable or the open failed other than with
         ENOENT: the caller then takes the two-step path (`read`), which tells a
         symlinked shard from a symlinked file."""
-        path = f"{layout.shard_of(idn)}/{layout.block_name(idn)}"
+        path = layout.block_relpath(idn)
         try:
             fd = layout.open_beneath(path, blocks_fd, os.O_RDONLY | os.O_NONBLOCK | self._direct)
         except FileNotFoundError:
@@ -193,10 +195,10 @@ class BlockIO:
             return None
         if fd is None:
             return None
-        return self._read_fd(fd, idn, key, block, blocks_fd, path)
+        return self._read_fd(fd, key, block, blocks_fd, path)
 
-    def _read_fd(self, fd: int, idn: bytes, key: bytes, block: memoryview,
-                 dir_fd: int, path: str) -> ReadResult:
+    def _read_fd(self, fd: int, key: bytes, block: memoryview, dir_fd: int,
+                 path: str) -> ReadResult:
         """Read and verify an open block file (`path` in `dir_fd`); closes `fd`.
 
         A file that fails verification is CORRUPT only if `path` still names it
@@ -225,7 +227,7 @@ class BlockIO:
         pages = _batch_pages(len(items))
         paths, vecs = [], []
         for i, (idn, _, block) in enumerate(items):
-            paths.append(f"{layout.shard_of(idn)}/{layout.block_name(idn)}".encode())
+            paths.append(layout.block_relpath(idn).encode())
             vecs.append(self._vecs(pages[2 * i], pages[2 * i + 1], block))
         flags = os.O_RDONLY | os.O_NONBLOCK | self._direct
         raw = _readmany.read_files(blocks_fd, paths, vecs, flags)
@@ -317,11 +319,7 @@ def _pwritev_all(fd: int, buffers: list[memoryview], offset: int) -> None:
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         offset += n
-        while buffers and n >= len(buffers[0]):
-            n -= len(buffers[0])
-            buffers = buffers[1:]
-        if n:
-            buffers = [buffers[0][n:], *buffers[1:]]
+        buffers = _advance(buffers, n)
 
 
 def _preadv_all(fd: int, buffers: list[memoryview], offset: int) -> int:
@@ -332,12 +330,16 @@ def _preadv_all(fd: int, buffers: list[memoryview], offset: int) -> int:
             break  # end of file: the caller compares the total with the file size
         total += n
         offset += n
-        while buffers and n >= len(buffers[0]):
-            n -= len(buffers[0])
-            buffers = buffers[1:]
-        if n:
-            buffers = [buffers[0][n:], *buffers[1:]]
+        buffers = _advance(buffers, n)
     return total
+
+
+def _advance(buffers: list[memoryview], n: int) -> list[memoryview]:
+    """What is left of `buffers` once a vectored call moved `n` bytes."""
+    while buffers and n >= len(buffers[0]):
+        n -= len(buffers[0])
+        buffers = buffers[1:]
+    return [buffers[0][n:], *buffers[1:]] if n else buffers
 
 
 def rename_noreplace(dir_fd: int, src: str, dst: str) -> None:

@@ -100,6 +100,11 @@ def block_name(idn: Ident) -> str:
     return idn.hex() + BLOCK_SUFFIX
 
 
+def block_relpath(idn: Ident) -> str:
+    """`<shard>/<file>` of `idn`, relative to the namespace's blocks directory."""
+    return f"{shard_of(idn)}/{block_name(idn)}"
+
+
 def tmp_name(idn: Ident, writer: int) -> str:
     """The temporary name of a block being written by `writer`: derived, so that a
     dead writer's leftovers are found from its journal intents without a scan."""

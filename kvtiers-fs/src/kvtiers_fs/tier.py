@@ -331,8 +331,8 @@ class FsTier(SecondaryTier):
     def block_path(self, key: BlockKey) -> str:
         """Where the file of `key` is (tests, tools)."""
         root, idn = self._route(key)
-        return "/".join([self.roots[root], self.namespace, "blocks", layout.shard_of(idn),
-                         layout.block_name(idn)])
+        return "/".join([self.roots[root], self.namespace, "blocks",
+                         layout.block_relpath(idn)])
 
     @property
     def o_direct(self) -> list[bool]:
