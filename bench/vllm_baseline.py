@@ -53,7 +53,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
 SYSTEM = "vllm-0.33 CPUOffloadingManager"
 POLICY = "lru"
-KVTIERS_GROUP_BYTES = 2  # kvtiers.keys.GROUP_BYTES: a key is hash + 2-byte group
+KVTIERS_GROUP_BYTES = 4  # kvtiers.keys.GROUP_BYTES: a key is hash + 4-byte group
 
 
 def load_trace(path: Path) -> tuple[list[tuple[str, str, list[bytes]]], dict]:

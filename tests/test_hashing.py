@@ -63,7 +63,7 @@ def test_matches_the_documented_encoding() -> None:
     parent = root_hash("salt")
     for i, key in enumerate(keys):
         parent = _ref_block(parent, TOKENS[16 * i : 16 * (i + 1)], extra, "salt")
-        assert key == parent + b"\x00\x03"
+        assert key == parent + b"\x00\x00\x00\x03"
 
 
 def test_known_answer() -> None:
@@ -71,8 +71,8 @@ def test_known_answer() -> None:
     assert NONE_HASH.hex() == "912d06638234cf201d72ea9fa340abeeb5b4b4dbec651fef3d75b4e13e359132"
     keys = prefix_block_hashes(list(range(40)), 16)
     assert [k.hex() for k in keys] == [
-        "2d3e29de88d88efd4082d8da598798038c6f2a73020b2babad62f3d4d5b2208d0000",
-        "5371ad2db718a7ecb38b8405c296dfd01b4bb11bf145924024e776b2c8ba3da90000",
+        "2d3e29de88d88efd4082d8da598798038c6f2a73020b2babad62f3d4d5b2208d00000000",
+        "5371ad2db718a7ecb38b8405c296dfd01b4bb11bf145924024e776b2c8ba3da900000000",
     ]
 
 
@@ -156,9 +156,10 @@ def test_group_index_is_in_the_key() -> None:
     g5 = prefix_block_hashes(TOKENS, 16, group=5)
     assert [key_group(k) for k in g5] == [5] * 10
     assert [key_hash(k) for k in g0] == [key_hash(k) for k in g5]
-    assert all(len(k) == HASH_SIZE + 2 for k in g5)
+    assert all(len(k) == HASH_SIZE + 4 for k in g5)
     with pytest.raises(ValueError):
-        prefix_block_hashes(TOKENS, 16, group=1 << 16)
+        prefix_block_hashes(TOKENS, 16, group=1 << 32)
+    assert key_group(prefix_block_hashes(TOKENS, 16, group=(1 << 32) - 1)[0]) == (1 << 32) - 1
     with pytest.raises(ValueError):
         prefix_block_hashes(TOKENS, 16, group=-1)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from kvtiers.integrity import checksum
@@ -132,7 +132,7 @@ class ScriptedTier(SecondaryTier):
         self._enter("touch")
         self.touched.append(list(keys))
 
-    def on_request_start(self, request_id: str) -> None:
+    def on_request_start(self, request_id: str, params: Mapping[str, Any] | None = None) -> None:
         self._enter("on_request_start")
         self.requests.append(("start", request_id))
 

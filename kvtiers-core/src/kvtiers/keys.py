@@ -1,7 +1,9 @@
 """Block keys: the block's content hash followed by its KV-group index.
 
 A key is plain `bytes` so it hashes and compares at C speed and costs no Python
-object beyond itself. The group index is the last `GROUP_BYTES` bytes (big-endian).
+object beyond itself. The group index is the last `GROUP_BYTES` bytes, an unsigned
+big-endian integer: byte for byte vLLM's `OffloadKey` (`make_offload_key` in vLLM
+0.33), so an engine adapter passes keys through untouched.
 The chained hash that derives block hashes from tokens lives in `kvtiers.hashing`.
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 BlockKey = bytes
 
-GROUP_BYTES = 2
+GROUP_BYTES = 4
 MAX_GROUP = (1 << (8 * GROUP_BYTES)) - 1
 
 

@@ -7,8 +7,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-# Bumped whenever the canonical block order or any tier's on-storage format changes.
-FORMAT_VERSION = 1
+# Bumped whenever the canonical block order, the key format or any tier's on-storage
+# format changes. 2: keys end in a 4-byte group index (was 2).
+FORMAT_VERSION = 2
 
 # Bytes per element, by the dtype names torch uses (without the "torch." prefix).
 DTYPE_BYTES: dict[str, int] = {

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kvtiers.jobs import TransferJob
 from kvtiers.keys import BlockKey
@@ -27,8 +28,9 @@ class ParentManager(ABC):
     def complete_store_job(self, job_id: int) -> None:
         """The bytes of the job were shipped (or the attempt ended): unpin its slots."""
 
-    def on_request_start(self, request_id: str) -> None:
-        """A peer's request started using this manager's blocks. Default: nothing."""
+    def on_request_start(self, request_id: str, params: Mapping[str, Any] | None = None) -> None:
+        """A peer's request started using this manager's blocks; `params` are its
+        transfer parameters. Default: nothing."""
 
     def on_request_finished(self, request_id: str) -> None:
         """A peer's request finished. Default: nothing."""

@@ -1,18 +1,31 @@
-"""The secondary-tier contract: what a storage tier plugin implements.
+"""The secondary-tier contract (version 2): what a storage tier plugin implements.
 
-A tier never touches the GPU. The manager calls it from one thread (the scheduler's);
-`submit_*` must not block: the tier does its I/O on its own threads and reports each
-job exactly once through `get_finished_jobs()`, when none of its I/O can still touch
-the job's slots. Failures are per-key `FailureReason`s, never exceptions.
+A tier never touches the GPU. Threads:
+
+- **the scheduler thread** (the manager's caller) calls `lookup`, `submit_store`,
+  `submit_load`, `get_finished_jobs`, `touch`, `stats` and the request hooks. These
+  must not block on I/O, the network or another process, nor do work that grows
+  with the number of blocks the tier holds: dictionary work only, O(1) per key.
+- **the tier's own threads** do every byte of I/O. A job is reported exactly once,
+  through `get_finished_jobs()`, and only when none of the tier's I/O can still
+  touch the job's slots. Failures are per-key `FailureReason`s, never exceptions.
+- `drain` and `close` may block (shutdown, tests); `close` may be called from any
+  thread, once or more.
+
+What a tier needs besides its config comes from its `TierContext`: the pool, the
+namespace, the clock, a logger, metrics, events, and the registry through
+`make_policy` / `build_tier`. The SDK (`kvtiers.sdk`) has the hard parts: the job
+engine and a bounded index with reference-counted pins.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtiers.clock import Clock, monotonic
 from kvtiers.jobs import JobResult, TransferJob
@@ -20,24 +33,42 @@ from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.metrics import MetricsSink, NullMetrics
 from kvtiers.namespace import Namespace
+from kvtiers.parent import ParentManager
 from kvtiers.pool_view import PoolView
 from kvtiers.stats import TierStats
+from kvtiers.tier_events import TierEvents
+
+if TYPE_CHECKING:
+    from kvtiers.config.model import TierSection
+    from kvtiers.plugins.registry import Registry
+    from kvtiers.policies.base import EvictionPolicy
 
 # Version of this contract. A plugin record names the version it was written for;
 # a mismatch is reported by `kvtiers plugins` and breaks only configs selecting it.
-CONTRACT_VERSION = 1
+# 2: TierContext.make_policy/build_tier/events, on_request_start(request_id, params),
+#    4-byte group index in keys (vLLM's OffloadKey), the SDK (kvtiers.sdk).
+CONTRACT_VERSION = 2
 
 
 @dataclass(frozen=True)
 class TierContext:
-    """Everything the core hands a tier besides its own config section."""
+    """Everything the core hands a tier besides its own config section.
+
+    `registry` is the plugin registry the tier was built from (None: the
+    process-wide one); a tier resolves the names in its config through
+    `make_policy` and `build_tier`, never through the registry's internals.
+    `events` is where a tier reports blocks that left it (evicted, found corrupt,
+    removed): thread-safe, cheap, a no-op unless someone reads events.
+    """
 
     pool: PoolView
     namespace: Namespace
     clock: Clock = monotonic
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("kvtiers.tier"))
     metrics: MetricsSink = field(default_factory=NullMetrics)
-    name: str = ""  # the tier's name in the stack, e.g. "fs" or "secondary_tiers[1]"
+    name: str = ""  # the tier's name in the stack, e.g. "fs" or "fs#2"
+    registry: Registry | None = None
+    events: TierEvents = field(default_factory=TierEvents)
 
     @property
     def slot_bytes(self) -> int:
@@ -47,10 +78,62 @@ class TierContext:
     def block_bytes(self) -> int:
         return self.pool.block_bytes
 
+    def get_registry(self) -> Registry:
+        """The registry names are resolved in (the process-wide one if none was given)."""
+        if self.registry is not None:
+            return self.registry
+        from kvtiers.plugins.registry import get_registry
+
+        return get_registry()
+
+    def make_policy(self, name: str, capacity: int | None) -> EvictionPolicy:
+        """A new instance of the registered eviction policy `name`, sized for
+        `capacity` entries (None: unknown). An unknown name raises
+        `UnknownNameError` listing the installed policies."""
+        from kvtiers.policies.base import EvictionPolicy
+
+        cls = self.get_registry().get_policy(name).record.load()
+        policy = cls(capacity=capacity)
+        if not isinstance(policy, EvictionPolicy):
+            raise TypeError(
+                f"policy {name!r} built a {type(policy).__name__}, not an EvictionPolicy"
+            )
+        return policy
+
+    def build_tier(
+        self, section: TierSection | Mapping[str, Any], *, suffix: str = "inner"
+    ) -> SecondaryTier:
+        """Build a nested tier (what a wrapper such as `faulty` wraps) from a loaded
+        `TierSection` or a mapping with a "type", in this context's registry, with
+        its own name (`<name>.<suffix>`); its removals are reported to this
+        context's `events`."""
+        from kvtiers.config.model import TierSection
+        from kvtiers.errors import ConfigError, ConfigProblem
+        from kvtiers.tiers import create_tier
+
+        if isinstance(section, Mapping) and not isinstance(section, TierSection):
+            kind = section.get("type")
+            if not isinstance(kind, str):
+                raise ConfigError(ConfigProblem(
+                    f"$.{suffix}", f"expected a tier section with a string 'type', got "
+                    f"{dict(section)!r:.200}"))
+            section = TierSection(
+                kind, {k: v for k, v in section.items() if k != "type"}, f"$.{suffix}")
+        if not isinstance(section, TierSection):
+            raise ConfigError(ConfigProblem(
+                f"$.{suffix}", f"expected a tier section with a 'type', got {section!r:.200}"))
+        ctx = dataclasses.replace(
+            self, name=f"{self.name}.{suffix}" if self.name else suffix)
+        return create_tier(section, ctx)
+
 
 class SecondaryTier(ABC):
     """A storage tier below the CPU pool. Construct with `(ctx, config)`, where
-    `config` is the tier's validated config section (defaults filled in)."""
+    `config` is the tier's config section (validated and with defaults filled in
+    when it comes from a config document; resolve it with
+    `kvtiers.options.resolve_options` to accept hand-written sections too).
+
+    The constructor may block (open files, connect): it runs before serving."""
 
     # Capability flags. Read them from the instance, not the class: a wrapper (the
     # `faulty` tier) takes its inner tier's flags per instance.
@@ -69,45 +152,55 @@ class SecondaryTier(ABC):
 
     @abstractmethod
     def lookup(self, key: BlockKey) -> LookupResult:
-        """HIT, MISS, or RETRY (a probe was started; ask again next step). Never blocks."""
+        """Scheduler thread; never blocks. HIT only when a load submitted now would
+        find the bytes; MISS; or RETRY (a probe was started: ask again next step)."""
 
     @abstractmethod
     def submit_store(self, job: TransferJob) -> None:
-        """Copy the job's slots into the tier; keys already present succeed at once."""
+        """Scheduler thread; never blocks. Copy the job's slots into the tier on the
+        tier's threads. A key already held succeeds without a copy; success means a
+        complete, verifiable copy is committed."""
 
     @abstractmethod
     def submit_load(self, job: TransferJob) -> None:
-        """Copy the job's blocks into its slots; verified before success if `verifies`."""
+        """Scheduler thread; never blocks. Copy the job's blocks into its slots on the
+        tier's threads; what `lookup` called a HIT stays until the load ends (pinned);
+        verified before success if `verifies`."""
 
     @abstractmethod
     def get_finished_jobs(self) -> list[JobResult]:
-        """Results of jobs that ended since the last call. Never blocks."""
+        """Scheduler thread; never blocks. Results of jobs that ended since the last
+        call, each job exactly once."""
 
     @abstractmethod
     def drain(self, timeout: float | None = None) -> bool:
-        """Block until every submitted job has ended (True) or `timeout` passed (False).
-        Results stay queued for `get_finished_jobs`."""
+        """Any thread; blocks. Wait until every submitted job has ended (True) or
+        `timeout` passed (False). Results stay queued for `get_finished_jobs`."""
 
     @abstractmethod
     def close(self) -> None:
-        """Stop the tier's threads and release its resources. Idempotent. Jobs that
-        never ran are reported as failed with `closed`; later submissions too."""
+        """Any thread; may block while running I/O ends. Stop the tier's threads and
+        release its resources. Idempotent. Jobs that never ran are reported as
+        failed with `closed`; later submissions too."""
 
     @abstractmethod
     def stats(self) -> TierStats:
-        """A snapshot of the tier's counters and usage."""
+        """Scheduler thread; never blocks. A snapshot of counters and usage."""
 
-    # Optional parts of the contract.
+    # Optional parts of the contract (scheduler thread, never blocking).
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
         """The keys were used: refresh their recency. Default: nothing."""
 
-    def on_request_start(self, request_id: str) -> None:
-        """An engine request started. Default: nothing."""
+    def on_request_start(self, request_id: str, params: Mapping[str, Any] | None = None) -> None:
+        """An engine request started. `params` are the engine's per-request transfer
+        parameters (vLLM's `kv_transfer_params`: peer roles and addresses for p2p),
+        None when it has none. Default: nothing."""
 
     def on_request_finished(self, request_id: str) -> None:
         """An engine request finished. Default: nothing."""
 
-    def serve_external_requests(self, parent: Any) -> None:
-        """Serve peers from `parent` (a `ParentManager`). Only for `serves_peers` tiers."""
+    def serve_external_requests(self, parent: ParentManager) -> None:
+        """Called once, from the thread that builds the manager, for `serves_peers`
+        tiers: serve peers from `parent` on the tier's own threads. Must not block."""
         raise NotImplementedError(f"{type(self).__name__} does not serve peers")

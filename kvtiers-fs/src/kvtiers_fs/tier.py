@@ -35,11 +35,10 @@ from kvtiers.errors import ConfigError, ConfigProblem
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
+from kvtiers.options import resolve_options
 from kvtiers.probe import AsyncProbe
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
-from kvtiers.tiers._factory import current_registry
-from kvtiers.tiers._options import resolve_options
 
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import BlockIO, ReadOutcome, ReadResult, probe_o_direct
@@ -47,7 +46,7 @@ from kvtiers_fs.dualqueue import LOAD, STORE, DualQueueThreadPool
 from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.layout import Ident
 from kvtiers_fs.namespaces import list_namespaces
-from kvtiers_fs.schema import DEFAULT_THREADS, FS_SCHEMA, check_options, root_dirs
+from kvtiers_fs.schema import FS_SCHEMA, check_options, root_dirs
 from kvtiers_fs.store import RootStore, Verdict
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -180,13 +179,13 @@ class FsTier(SecondaryTier):
         self.roots = root_dirs(options)
         self.capacity_bytes: int = options["capacity_bytes"]
         self.durable: bool = bool(options["durable"])
-        threads = {**DEFAULT_THREADS, **dict(options.get("threads") or {})}
+        threads = options["threads"]
         self._errors = ErrorLog(ctx.logger, name)
         self._stats = StatsRecorder(capacity_bytes=self.capacity_bytes * len(self.roots))
         self.namespace = ctx.namespace.fingerprint
         self.block_bytes = ctx.block_bytes
         self.file_bytes = layout.file_bytes(ctx.block_bytes)
-        policy_cls = current_registry().get_policy(options["eviction_policy"]).record.load()
+        policy_name = options["eviction_policy"]
         capacity_blocks = max(1, self.capacity_bytes // self.file_bytes)
         self.stores: list[RootStore] = []
         self._io: list[BlockIO] = []
@@ -194,7 +193,7 @@ class FsTier(SecondaryTier):
             for root in self.roots:
                 store = RootStore(
                     root, ctx.namespace, capacity_bytes=self.capacity_bytes,
-                    policy_factory=lambda: policy_cls(capacity=capacity_blocks),
+                    policy_factory=lambda: ctx.make_policy(policy_name, capacity_blocks),
                     durable=self.durable, errors=self._errors, logger=ctx.logger,
                 )
                 self.stores.append(store)

@@ -21,7 +21,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 
-from kvtiers.config.defaults import fill_defaults
+from kvtiers.options import fill_defaults
 from kvtiers.config.messages import did_you_mean, found, problems_from_error
 from kvtiers.config.model import TierSection, freeze
 from kvtiers.config.paths import PathParts, join

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import threading
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvtiers.clock import Clock, monotonic
@@ -419,10 +419,12 @@ class TieringOffloadingManager(TierTraffic, ParentManager):
 
     # ------------------------------------------------------------------ requests
 
-    def on_request_start(self, request_id: str) -> None:
+    def on_request_start(self, request_id: str, params: Mapping[str, Any] | None = None) -> None:
+        """An engine request started; `params` (the engine's per-request transfer
+        parameters, vLLM's `kv_transfer_params`) go to every tier."""
         for rt in self._tiers:
             try:
-                rt.tier.on_request_start(request_id)
+                rt.tier.on_request_start(request_id, params)
             except Exception:  # noqa: BLE001
                 _log.exception("tier %s: on_request_start raised", rt.name)
 

@@ -31,7 +31,6 @@ results this tier reports; usage, capacity and evictions are the inner's.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 import threading
@@ -41,15 +40,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvtiers.config.model import TierSection
-from kvtiers.errors import ConfigError, ConfigProblem
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.stats import StatsRecorder, TierStats
+from kvtiers.options import resolve_options
+from kvtiers.parent import ParentManager
 from kvtiers.tier import SecondaryTier, TierContext
-from kvtiers.tiers._factory import create_tier
-from kvtiers.tiers._options import resolve_options
 from kvtiers.tiers.schemas import FAULTY_SCHEMA
 
 _DRAIN_POLL_S = 0.002  # real-time wait between looks at the clock while jobs are held
@@ -286,13 +283,13 @@ class FaultyTier(SecondaryTier):
     def touch(self, keys: Iterable[BlockKey]) -> None:
         self.inner.touch(keys)
 
-    def on_request_start(self, request_id: str) -> None:
-        self.inner.on_request_start(request_id)
+    def on_request_start(self, request_id: str, params: Mapping[str, Any] | None = None) -> None:
+        self.inner.on_request_start(request_id, params)
 
     def on_request_finished(self, request_id: str) -> None:
         self.inner.on_request_finished(request_id)
 
-    def serve_external_requests(self, parent: Any) -> None:
+    def serve_external_requests(self, parent: ParentManager) -> None:
         self.inner.serve_external_requests(parent)
 
 
@@ -301,12 +298,4 @@ def _build_inner(spec: Any, ctx: TierContext) -> SecondaryTier:
     "type" (a section written in Python), or an already built tier."""
     if isinstance(spec, SecondaryTier):
         return spec
-    if isinstance(spec, Mapping) and isinstance(spec.get("type"), str):
-        spec = TierSection(
-            spec["type"], {k: v for k, v in spec.items() if k != "type"}, "$.inner"
-        )
-    if not isinstance(spec, TierSection):
-        message = f"faulty tier: expected a tier section with a 'type', got {spec!r}"
-        raise ConfigError(ConfigProblem("$.inner", message))
-    inner_ctx = dataclasses.replace(ctx, name=f"{ctx.name}.inner" if ctx.name else "inner")
-    return create_tier(spec, inner_ctx)
+    return ctx.build_tier(spec, suffix="inner")

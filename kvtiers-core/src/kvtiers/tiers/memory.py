@@ -30,9 +30,8 @@ from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.policies.base import EvictionPolicy
 from kvtiers.stats import StatsRecorder, TierStats
+from kvtiers.options import resolve_options
 from kvtiers.tier import SecondaryTier, TierContext
-from kvtiers.tiers._factory import current_registry
-from kvtiers.tiers._options import resolve_options
 from kvtiers.tiers.schemas import MEMORY_SCHEMA
 from kvtiers.tiers.workers import JobWorkers
 
@@ -189,7 +188,7 @@ class MemoryTier(SecondaryTier):
             self.ctx.namespace.fingerprint,
             self.ctx.block_bytes,
             self.capacity_bytes,
-            make_policy(
+            self.ctx.make_policy(
                 options["eviction_policy"], max(1, self.capacity_bytes // self.ctx.block_bytes)
             ),
         )
@@ -326,11 +325,3 @@ class MemoryTier(SecondaryTier):
         result.bytes_moved = len(result.ok) * store.block_bytes
         return result
 
-
-def make_policy(name: str, capacity_blocks: int | None) -> EvictionPolicy:
-    """Build the registered eviction policy `name` (errors list the installed ones)."""
-    cls = current_registry().get_policy(name).record.load()
-    policy = cls(capacity=capacity_blocks)
-    if not isinstance(policy, EvictionPolicy):
-        raise TypeError(f"policy {name!r} built a {type(policy).__name__}, not an EvictionPolicy")
-    return policy
