@@ -58,6 +58,18 @@ class PluginError(KvtiersError):
     version, or registers a name another distribution registers too."""
 
 
+class MissingExtraError(KvtiersError, ImportError):
+    """A feature needs an optional dependency that is not installed (torch, for the
+    worker side and the bench). `extra` names the kvtiers-core extra that brings it
+    (`pip install 'kvtiers-core[<extra>]'`); the message says how to install it.
+    An `ImportError`, so `except ImportError` around an optional feature still works."""
+
+    def __init__(self, message: str, *, extra: str, package: str):
+        super().__init__(message, name=package)
+        self.extra = extra
+        self.package = package
+
+
 class UnknownNameError(KvtiersError, LookupError):
     """A tier or policy name nobody registered; the message lists the installed ones."""
 

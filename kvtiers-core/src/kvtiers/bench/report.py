@@ -322,7 +322,8 @@ def write_plot(path: Path, run: RunResult, title: str) -> None:
     except ImportError as exc:
         raise PlotUnavailable(
             f"--plot needs matplotlib, which is not installed here ({exc}); install it "
-            "(pip install matplotlib) or leave --plot out"
+            "(pip install matplotlib; it comes with the extra kvtiers-core[bench]) or leave "
+            "--plot out"
         ) from None
     samples = run.samples
     if len(samples) < 2:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvtiers.extras import missing_torch
 from kvtiers.namespace import DTYPE_BYTES, BlockGeometry
 
 if TYPE_CHECKING:
@@ -80,7 +81,10 @@ class KVLayout:
         pages_per_block: int = 1,
         tp_size: int = 1,
     ):
-        import torch
+        try:
+            import torch
+        except ImportError as exc:
+            raise missing_torch("KVLayout", exc) from exc
 
         if not isinstance(pages_per_block, int) or pages_per_block < 1:
             raise ValueError(f"pages_per_block must be a positive integer, got {pages_per_block!r}")
