@@ -18,8 +18,8 @@ import json
 import mmap
 import os
 import shutil
-import sys
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -88,7 +88,8 @@ def main() -> None:
                     os.sync()
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    thp = [ln.strip() for ln in open("/proc/meminfo") if ln.startswith("AnonHugePages")]
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    thp = [ln.strip() for ln in meminfo if ln.startswith("AnonHugePages")]
     result = {"command": " ".join(["python", *sys.argv]), "blocks": n,
               "threads": args.threads, "runs": args.runs, "meminfo": thp,
               "MBps_median": {k: round(statistics.median(v)) for k, v in got.items()},

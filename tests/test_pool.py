@@ -650,7 +650,7 @@ def _thp_eligible(address: int) -> bool | None:
 
 @pytest.mark.skipif(
     not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")
-    or "[never]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read(),
+    or "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(),
     reason="transparent huge pages are off on this machine",
 )
 def test_an_anonymous_pool_asks_for_huge_pages() -> None:

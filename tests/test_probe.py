@@ -11,7 +11,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.keys import make_key
 from kvtiers.lookup import LookupResult

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from kvtiers.swap.plan import Runs, split_at_boundaries
 
 

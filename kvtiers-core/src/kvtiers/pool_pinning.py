@@ -154,7 +154,7 @@ class _TorchRuntime:
     def __init__(self) -> None:
         import torch
 
-        self._rt: Any = torch.cuda.cudart()
+        self._rt: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # torch's stubs
         if not hasattr(self._rt, "cudaHostRegister"):
             raise PinError("this torch build's cudart bindings lack cudaHostRegister")
 
