@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from .conftest import TINY, kvtiers, small_pool, write_config
 
 
-def _load(path: Path) -> dict:
-    return json.loads(path.read_text())
+def _load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
 
 
 def test_json_has_per_tier_hits_misses_bytes_and_throughput(tmp_path: Path) -> None:
