@@ -367,7 +367,7 @@ def _throughput_of(
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's targets for 2 MiB blocks, from the medians of one run."""
     by = {r["what"]: r for r in rows if r["block"] == "2048 KiB"}
-    kv, out = by.get("kvtiers-fs O_DIRECT"), {}
+    kv, out = by.get("kvtiers-fs O_DIRECT"), dict[str, Any]()
     if kv is None:
         return out
     fio_store = max((by[k]["store_MBps"] for k in (FIO_NEW, FIO_OVER) if k in by),

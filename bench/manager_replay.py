@@ -27,18 +27,23 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
-from kvtiers.bench.workload import Workload, WorkloadSpec
+from kvtiers.bench.workload import Request, Workload, WorkloadSpec
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.plugins import get_registry
+from kvtiers.policies.base import EvictionPolicy
 
 
-def build_events(spec: WorkloadSpec) -> list[tuple[str, object]]:
+def build_events(spec: WorkloadSpec) -> list[tuple[str, Request]]:
     return list(Workload(spec))
 
 
-def replay(events, num_slots: int, policy: str, measure_memory: bool = False) -> dict:
+def replay(
+    events: list[tuple[str, Request]], num_slots: int, policy: str, measure_memory: bool = False
+) -> dict[str, Any]:
     cls = get_registry().get_policy(policy).record.load()
+    assert issubclass(cls, EvictionPolicy), cls
     mgr = TieringOffloadingManager(num_slots, cls.for_slots(num_slots))
     ops = 0
     hits_blocks = 0

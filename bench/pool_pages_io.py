@@ -21,6 +21,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def main() -> None:
         headers = mmap.mmap(-1, HEADER * n)
         paths = [str(d / f"b{i:06d}") for i in range(n)]
 
-        def io(name: str, write: bool, new: bool = False):
+        def io(name: str, write: bool, new: bool = False) -> Callable[[int], None]:
             view = memoryview(pools[name])
             where = [p + ".new" for p in paths] if new else paths
 
