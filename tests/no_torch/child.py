@@ -60,8 +60,20 @@ def store(mgr: TieringOffloadingManager, pool: CpuPool, key: BlockKey, data: byt
     mgr.complete_store([key])
 
 
+def settle(mgr: TieringOffloadingManager) -> None:
+    """Step until no block of the pool is held (every cascade to the tiers ended):
+    a promotion needs a slot it can free, and answers MISS when there is none."""
+
+    def idle() -> bool:
+        mgr.step()
+        return bool(mgr.stats()["pool"]["pinned"] == 0)
+
+    wait_for(idle, "the cascades to end")
+
+
 def load(mgr: TieringOffloadingManager, pool: CpuPool, key: BlockKey) -> bytes:
     """Look the block up until it is readable (promotions land in `step()`), load it."""
+    settle(mgr)
     answer: list[LookupResult] = []
 
     def settled() -> bool:
@@ -71,7 +83,7 @@ def load(mgr: TieringOffloadingManager, pool: CpuPool, key: BlockKey) -> bytes:
 
     wait_for(settled, f"the lookup of {key.hex()}")
     if answer[0] is not LookupResult.HIT:
-        raise SystemExit(f"block {key.hex()}: {answer[0]}, expected a HIT")
+        raise SystemExit(f"block {key.hex()}: {answer[0]}, expected a HIT; {mgr.stats()}")
     [slot] = mgr.prepare_load([key])
     try:
         return bytes(pool.view.block(slot))
