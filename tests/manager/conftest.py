@@ -12,7 +12,6 @@ import pytest
 
 from kvtiers.clock import ManualClock
 from kvtiers.config.model import TierSection
-from kvtiers.integrity import checksum
 from kvtiers.keys import make_key
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import TieringOffloadingManager
@@ -68,8 +67,7 @@ class Harness:
         tier) behind the manager's back, touching no pool slot; return its bytes."""
         store = getattr(tier, "inner", tier)._store
         data = os.urandom(BLOCK) if data is None else data
-        assert store.reserve() is not None, "tier full"
-        store.commit(1, [(k, data, checksum(data))])
+        assert store.put(k, data), "tier full"
         self.content[k] = data
         return data
 
