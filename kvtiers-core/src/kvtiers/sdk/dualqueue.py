@@ -97,20 +97,30 @@ class DualQueueThreadPool:
         return any(t.is_alive() for t in self._threads)
 
     def close(self, timeout: float | None = None) -> list[Task]:
-        """Stop taking tasks, wait (up to `timeout` per thread) for running ones,
-        stop the threads. Returns the tasks that were still queued (never run),
-        loads first. Idempotent; a worker thread may call it (it skips itself)."""
+        """`stop`, then `join`: returns the tasks that were still queued (never
+        run), loads first, once running ones have finished. Idempotent."""
+        left = self.stop()
+        self.join(timeout)
+        return left
+
+    def stop(self) -> list[Task]:
+        """Stop taking tasks (later `submit`s return False) and hand back the queued
+        ones, loads first, without waiting for running ones. Idempotent."""
         with self._cond:
             left = [*self._queues[LOAD], *self._queues[STORE]]
             for q in self._queues.values():
                 q.clear()
             self._closed = True
             self._cond.notify_all()
+        return left
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait (up to `timeout` per thread) for the threads to end after `stop`; a
+        worker thread may call it (it skips itself)."""
         me = threading.current_thread()
         for t in self._threads:
             if t is not me:
                 t.join(timeout)
-        return left
 
     def _next(self, kind: Kind) -> tuple[Kind, Task] | None:
         """Holds the lock. The next task for a thread of `kind`, None when closed."""

@@ -146,8 +146,9 @@ class JobEngine:
         thread was still in tier code after `timeout` (its job is reported when it
         returns)."""
         self._ledger.close()
-        for task in self.pool.close(timeout):
+        for task in self.pool.stop():  # reported now, not after the running ones
             task.cancel()
+        self.pool.join(timeout)
         return not self.pool.alive()
 
     # The job's life.
