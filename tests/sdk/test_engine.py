@@ -376,6 +376,15 @@ def test_an_item_that_raises_fails_its_key_and_the_thread_lives_on(
     assert "boom in 1/1" in caplog.text
 
 
+def test_an_item_returning_no_outcome_fails_its_key_with_io(engines: Engines) -> None:
+    script = Script()
+    script.fail[(1, 0)] = "not a reason"  # type: ignore[assignment]
+    engine = engines(script)
+    j = job(1, 2)
+    engine.submit_load(j)
+    assert collect(engine, [1])[1].failed == {j.keys[0]: FailureReason.IO}
+
+
 def test_a_batch_that_raises_fails_its_unit(engines: Engines) -> None:
     script = Script()
     engine = engines(script, batch=True, batch_bytes=2 * BB)

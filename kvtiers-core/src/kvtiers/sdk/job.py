@@ -24,7 +24,15 @@ from kvtiers.stats import StatsRecorder
 __all__ = ["CrashHook", "EndHook", "Job", "JobFlow", "JobLedger", "Outcome", "StartHook"]
 
 #: what a work item returns for one key: None (it succeeded) or why it failed
+#: (anything else is a tier bug and counts as `io`)
 Outcome = FailureReason | None
+
+
+def _reason(value: object) -> FailureReason:
+    try:
+        return FailureReason(value)
+    except ValueError:
+        return FailureReason.IO
 
 
 class Job:
@@ -100,7 +108,7 @@ class Job:
         work units. True for the call that retired the job's last unit."""
         out = self._out
         for i, outcome in zip(indices, outcomes, strict=True):
-            out[i] = moved if outcome is None else FailureReason(outcome)
+            out[i] = moved if outcome is None else _reason(outcome)
         with self._lock:
             self._left -= units
             return self._left == 0
