@@ -9,10 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.config.model import TierSection
-from kvtiers.integrity import checksum
 from kvtiers.keys import make_key
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import TieringOffloadingManager
@@ -68,8 +66,7 @@ class Harness:
         tier) behind the manager's back, touching no pool slot; return its bytes."""
         store = getattr(tier, "inner", tier)._store
         data = os.urandom(BLOCK) if data is None else data
-        assert store.reserve() is not None, "tier full"
-        store.commit(1, [(k, data, checksum(data))])
+        assert store.put(k, data), "tier full"
         self.content[k] = data
         return data
 
@@ -78,7 +75,7 @@ class Harness:
         out = self.mgr.prepare_store(keys)
         if out is None:
             return []
-        for k, slot in zip(out.keys, out.slots):
+        for k, slot in zip(out.keys, out.slots, strict=True):
             data = os.urandom(BLOCK)
             self.pool.block(slot)[:] = data
             if success:
@@ -90,7 +87,7 @@ class Harness:
         """The engine loads `keys` (all HIT) and checks every byte."""
         slots = self.mgr.prepare_load(keys)
         try:
-            for k, slot in zip(keys, slots):
+            for k, slot in zip(keys, slots, strict=True):
                 assert bytes(self.pool.block(slot)) == self.content[k], f"wrong bytes for {k.hex()}"
         finally:
             self.mgr.complete_load(keys)
