@@ -20,7 +20,7 @@ BLOCK = NS.groups[0].block_bytes
 
 def _config(**extra):
     doc = {
-        "cpu_bytes_to_use": 8 * 4096 * 2,
+        "cpu_bytes_to_use": 8 * BLOCK,  # the 8-slot pool of the tests
         "eviction_policy": "arc",
         "cascade_queue_blocks": 16,
         "secondary_tiers": [

@@ -235,7 +235,7 @@ class _StuckTier(SecondaryTier):
 def test_timed_out_promotion_quarantines_its_slot_until_the_late_report(harness):
     h = harness(4, tiers=[memory_tier(64)], job_timeout_s=5)
     stuck = _StuckTier(h.tiers[0])
-    h.mgr._tiers[0].tier = stuck
+    h.mgr._traffic.tiers[0].tier = stuck
     _seed_inner(h, stuck.inner, key(1))
     assert h.mgr.lookup(key(1)) is PENDING
     h.mgr.step()
