@@ -175,27 +175,37 @@ class SlotTable:
         get = self.get
         new: list[BlockKey] = []
         seen: set[BlockKey] = set()
+        present = False
         for key in keys:
-            if get(key) is None and key not in seen:
-                new.append(key)
-                seen.add(key)
+            if get(key) is None:
+                if key not in seen:
+                    new.append(key)
+                    seen.add(key)
+            else:
+                present = True
         n = len(new)
         if not n:
             return PrepareStoreOutput(new, [], [])
         evicted: list[BlockKey] = []
         free = self._alloc.free_count
         if free < n:
-            # The call's own resident blocks are held while victims are chosen.
-            protect = self._unpinned(keys)
-            if free + len(self._policy) - self._pinned - len(protect) < n:
+            policy = self._policy
+            # The call's own resident blocks without holds are pinned in the policy
+            # (no hold: nothing else looks while victims are chosen) so that none of
+            # them is a victim; unpinned again, they are the most recently used.
+            protect = self._unpinned(keys) if present else []
+            if free + len(policy) - self._pinned - len(protect) < n:
                 return None
-            for key, slot in protect:
-                self.hold(key, slot)
-            try:
+            if protect:
+                for key in protect:
+                    policy.pin(key)
+                try:
+                    self._evict(n - free, evicted, copy_down)
+                finally:
+                    for key in protect:
+                        policy.unpin(key)
+            else:
                 self._evict(n - free, evicted, copy_down)
-            finally:
-                for key, slot in protect:
-                    self.release(key, slot)
         slots = self._alloc.allocate(n)
         if slots is None:
             return None
@@ -206,15 +216,15 @@ class SlotTable:
             hold(key, slot)
         return PrepareStoreOutput(new, slots, evicted)
 
-    def _unpinned(self, keys: Iterable[BlockKey]) -> list[tuple[BlockKey, int]]:
-        """The resident blocks of `keys` that have no holds, each once."""
+    def _unpinned(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
+        """The resident keys of `keys` whose blocks have no holds, each once."""
         get, holds = self.get, self._holds
-        found: dict[int, BlockKey] = {}
+        found: dict[BlockKey, None] = {}
         for key in keys:
             slot = get(key)
             if slot is not None and holds[slot] == 0:
-                found[slot] = key
-        return [(key, slot) for slot, key in found.items()]
+                found[key] = None
+        return list(found)
 
     def finish_stores(self, keys: Iterable[BlockKey], cascade: Cascade | None) -> list[BlockKey]:
         """The engine's copies of `keys` succeeded: the STORING ones become READY
