@@ -167,7 +167,8 @@ def test_the_graph_sees_real_edges() -> None:
     # A lazy import inside a function counts; one for type checking only does not.
     assert "kvtiers.plugins.registry" in graph["kvtiers.tier"]
     assert "kvtiers.config.model" in graph["kvtiers.tiers._factory"]
-    assert not any(m.startswith("kvtiers.default_plugins") for m in graph["kvtiers.plugins.registry"])
+    registry = graph["kvtiers.plugins.registry"]
+    assert not any(m.startswith("kvtiers.default_plugins") for m in registry)
 
 
 def test_the_cycle_finder_finds_cycles() -> None:
@@ -179,3 +180,25 @@ def test_no_import_cycle_passes_through_the_plugin_machinery() -> None:
     cycles = [c for c in strongly_connected(import_graph()) if any(
         m == "kvtiers.plugins" or m.startswith("kvtiers.plugins.") for m in c)]  # fmt: skip
     assert not cycles, f"import cycles through kvtiers.plugins: {[sorted(c) for c in cycles]}"
+
+
+def test_the_cli_imports_only_the_command_it_runs() -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from kvtiers.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "    helped = sorted(m for m in sys.modules if m.startswith('kvtiers.cli.'))\n"
+        "    rc = main(['plugins', '--json'])\n"
+        f"heavy = {HEAVY!r}\n"
+        "listed = sorted(m for m in sys.modules if m.startswith(heavy))\n"
+        "print(rc, helped, listed)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0 [] ['kvtiers.cli', 'kvtiers.cli.plugins_cmd']"

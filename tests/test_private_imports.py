@@ -94,9 +94,12 @@ def private_uses(source: str, filename: str = "<string>") -> list[tuple[int, str
             parts = _dotted(node)
             if parts and parts[0] in bound:
                 report(node.lineno, ".".join([bound[parts[0]], *parts[1:]]))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if LAZY_PATH.match(node.value):
-                report(node.lineno, node.value)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and LAZY_PATH.match(node.value)
+        ):
+            report(node.lineno, node.value)
     return sorted(set(found))
 
 

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.config.model import TierSection
 from kvtiers.integrity import checksum
@@ -80,7 +79,7 @@ class Harness:
         out = self.mgr.prepare_store(keys)
         if out is None:
             return []
-        for k, slot in zip(out.keys, out.slots):
+        for k, slot in zip(out.keys, out.slots, strict=True):
             data = os.urandom(BLOCK)
             self.pool.block(slot)[:] = data
             if success:
@@ -92,7 +91,7 @@ class Harness:
         """The engine loads `keys` (all HIT) and checks every byte."""
         slots = self.mgr.prepare_load(keys)
         try:
-            for k, slot in zip(keys, slots):
+            for k, slot in zip(keys, slots, strict=True):
                 assert bytes(self.pool.block(slot)) == self.content[k], f"wrong bytes for {k.hex()}"
         finally:
             self.mgr.complete_load(keys)

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from kvtiers.manager import TieringOffloadingManager
 from kvtiers.manager.slot_state import (
     DIRTY,
     FREE,
@@ -18,7 +19,6 @@ from kvtiers.manager.slot_state import (
     READY,
     STORING,
 )
-from kvtiers.manager import TieringOffloadingManager
 from kvtiers.pool_view import PoolView
 
 Content = Callable[[bytes], bytes] | Mapping[bytes, bytes]
@@ -60,8 +60,9 @@ def check_structure(
         owner[slot] = key
         pic.resident[key] = slot
 
-    free_list = list(mgr._slots._alloc._free)
-    assert len(free_list) == len(set(free_list)) == mgr._slots._alloc.free_count, "free list duplicate"
+    alloc = mgr._slots._alloc
+    free_list = list(alloc._free)
+    assert len(free_list) == len(set(free_list)) == alloc.free_count, "free list duplicate"
     pic.free = set(free_list)
     pinned = 0
     for slot in range(n):
@@ -155,6 +156,7 @@ def check_holds(mgr: TieringOffloadingManager, engine: Mapping[int, int]) -> Non
     flight, peer jobs: slot -> count) plus the manager's own (see `manager_holds`)."""
     expected = manager_holds(mgr)
     expected.update(engine)
-    actual = {slot: mgr._slots.holds[slot] for slot in range(mgr.num_slots) if mgr._slots.holds[slot]}
+    holds = mgr._slots.holds
+    actual = {slot: holds[slot] for slot in range(mgr.num_slots) if holds[slot]}
     expected_nonzero = {slot: n for slot, n in expected.items() if n}
     assert actual == expected_nonzero, f"holds {actual} != expected {expected_nonzero}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.config import load_config
 from kvtiers.keys import make_key
@@ -48,7 +47,7 @@ def test_built_manager_round_trips_through_both_tiers():
         keys = [make_key(os.urandom(32)) for _ in range(8)]
         out = mgr.prepare_store(keys)
         data = {}
-        for k, slot in zip(out.keys, out.slots):
+        for k, slot in zip(out.keys, out.slots, strict=True):
             data[k] = os.urandom(BLOCK)
             pool.block(slot)[:] = data[k]
         mgr.complete_store(out.keys)

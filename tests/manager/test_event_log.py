@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvtiers.manager.event_log import EventLog
 from kvtiers.tier_events import TierEvents
+
 from tests.manager.conftest import key
 
 

@@ -15,6 +15,7 @@ from kvtiers.lookup import LookupResult
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.tier import TierContext
+
 from tests.manager.conftest import BLOCK, key, memory_tier
 from tests.manager.fake_tiers import ScriptedTier
 

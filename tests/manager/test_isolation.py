@@ -11,10 +11,10 @@ import logging
 import os
 
 import pytest
-
 from kvtiers.jobs import JobResult
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import PrefixLookup
+
 from tests.manager.conftest import BLOCK, key, memory_tier
 from tests.manager.fake_tiers import ScriptedTier, StuckTier
 from tests.manager.invariants import check_holds, check_structure

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from kvtiers.errors import KvtiersError
 from kvtiers.jobs import TransferJob
 from kvtiers.lookup import LookupResult
@@ -13,6 +12,7 @@ from kvtiers.manager import TieringOffloadingManager
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.stats import TierStats
 from kvtiers.tier import SecondaryTier, TierContext
+
 from tests.manager.conftest import BLOCK, faulty, key, memory_tier
 
 HIT, MISS, PENDING, RETRY = (

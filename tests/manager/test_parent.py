@@ -12,12 +12,12 @@ from collections import Counter
 from typing import Any, ClassVar
 
 import pytest
-
 from kvtiers.jobs import TransferJob
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.parent import ParentManager
 from kvtiers.policies.lru import LRUPolicy
+
 from tests.manager.conftest import BLOCK, Harness, key, memory_tier
 from tests.manager.fake_tiers import PeerMemoryTier, ScriptedTier
 from tests.manager.invariants import check_holds, check_structure

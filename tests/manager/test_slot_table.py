@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
 from kvtiers.manager.event_log import EventLog
 from kvtiers.manager.slot_state import DIRTY, FREE, LEAVING, PROMOTING, QUARANTINED, READY, STORING
 from kvtiers.manager.slot_table import SlotTable
 from kvtiers.policies.arc import ARCPolicy
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.policies.sieve import SievePolicy
+
 from tests.manager.conftest import key
 
 POLICIES = {"lru": LRUPolicy.for_slots, "arc": ARCPolicy.for_slots, "sieve": SievePolicy.for_slots}

@@ -37,7 +37,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-
 from kvtiers.lookup import LookupResult
 from kvtiers.manager.events import OffloadEvent
 from kvtiers.manager.slot_state import PROMOTING, READY, STORING
@@ -48,6 +47,7 @@ from kvtiers.policies.sieve import SievePolicy
 from kvtiers.tier import TierContext
 from kvtiers.tiers.faulty import FaultyTier
 from kvtiers.tiers.memory import MemoryTier
+
 from tests.manager.conftest import BLOCK, Harness, faulty, key, memory_tier
 from tests.manager.fake_tiers import StuckTier
 from tests.manager.invariants import check_holds, check_structure
@@ -378,7 +378,8 @@ class ManagerMachine(RuleBasedStateMachine):
             if self._held_job_ids():
                 return  # held by a tier until the clock moves or it is released
             slot = self._slot(k)
-            assert slot is None or self.mgr._slots.state[slot] != PROMOTING, "a promotion never ended"
+            state = self.mgr._slots.state
+            assert slot is None or state[slot] != PROMOTING, "a promotion never ended"
 
     @precondition(lambda self: self.h.tiers)
     @rule(k=keys_st)
@@ -463,9 +464,11 @@ class ManagerMachine(RuleBasedStateMachine):
         for _ in range(50):
             before = self._fingerprint()
             self._step()
-            if self._fingerprint() == before and set(self.mgr._traffic.jobs) <= self._held_job_ids():
+            jobs = set(self.mgr._traffic.jobs)
+            if self._fingerprint() == before and jobs <= self._held_job_ids():
                 break
-        assert set(self.mgr._traffic.jobs) <= self._held_job_ids(), "a finished job was never collected"
+        jobs = set(self.mgr._traffic.jobs)
+        assert jobs <= self._held_job_ids(), "a finished job was never collected"
         if not self._engine_holds() and not self.mgr._traffic.jobs:
             # Nothing runs and the engine holds nothing: the only holds left are
             # cascades queued while a tier's breaker is open.

@@ -7,7 +7,6 @@ import itertools
 import os
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.lookup import LookupResult
 from kvtiers.manager.event_log import EventLog
@@ -19,6 +18,7 @@ from kvtiers.namespace import BlockGeometry, Namespace
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.pool_view import PoolView
 from kvtiers.tier import TierContext
+
 from tests.manager.conftest import BLOCK, key
 from tests.manager.fake_tiers import ScriptedTier
 
