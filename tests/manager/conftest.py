@@ -40,6 +40,8 @@ class Harness:
         self.namespace = Namespace("test/model", (BlockGeometry(2, 2, 64, "float16", 16),))
         self.tiers = [self._make_tier(i, t) for i, t in enumerate(tiers)]
         kwargs.setdefault("cascade_queue_blocks", num_slots)
+        # Events on: the tests follow blocks through them (the default is off).
+        kwargs.setdefault("enable_events", True)
         # A spec may name its tier ("name") so that two tiers of one type stay apart.
         kwargs.setdefault("tier_names", [t.get("name", t["type"]) for t in tiers])
         self.mgr = TieringOffloadingManager(
@@ -99,7 +101,7 @@ class Harness:
             for t in self.tiers:
                 t.drain(timeout=10)
             self.mgr.step()
-            if not self.mgr._jobs and not any(rt.queue for rt in self.mgr._tiers):
+            if not self.mgr._traffic.jobs and not any(rt.queue for rt in self.mgr._traffic.tiers):
                 return
             time.sleep(0.001)
 

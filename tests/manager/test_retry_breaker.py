@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.errors import KvtiersError
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import PrefixLookup, TieringOffloadingManager
 from kvtiers.manager.breaker import BreakerState, CircuitBreaker
 from kvtiers.policies.lru import LRUPolicy
+
 from tests.manager.conftest import BLOCK, faulty, key, memory_tier
 from tests.manager.fake_tiers import ScriptedTier
 

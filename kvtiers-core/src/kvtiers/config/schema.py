@@ -143,6 +143,15 @@ CORE_SCHEMA: Mapping[str, Any] = {
                 "`null`: the engine supplies it."
             ),
         },
+        "enable_kv_events": {
+            "type": "boolean",
+            "default": False,
+            "description": (
+                "Keep stored/removed events of every tier (the CPU pool and each "
+                "secondary tier) for the engine to read, as a cache-aware router needs. "
+                "Off: nothing is kept."
+            ),
+        },
     },
 }
 
