@@ -173,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
     except BenchIntegrityError as exc:
         print(f"kvtiers bench FAILED: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # the reader of stdout left: `kvtiers.cli.main` stops quietly
     except (ValueError, OSError) as exc:
         raise BenchError(str(exc)) from exc
 
