@@ -29,12 +29,16 @@ from kvtiers.plugins.registry import Registry, get_registry
 
 
 class ConfigRejected(ConfigError):
-    """A `ConfigError` that also carries the warnings of the rejected document: in
-    a vLLM config, "ignored: capacity_byte" explains "missing: capacity_bytes"."""
+    """A `ConfigError` that also carries the warnings and notes of the rejected
+    document: in a vLLM config, "ignored: capacity_byte" explains "missing:
+    capacity_bytes"."""
 
-    def __init__(self, problems: list[ConfigProblem], warnings: list[str]):
+    def __init__(
+        self, problems: list[ConfigProblem], warnings: list[str], notes: list[str] | None = None
+    ):
         super().__init__(problems)
         self.warnings: tuple[str, ...] = tuple(warnings)
+        self.notes: tuple[str, ...] = tuple(notes or ())
 
 
 def load_config(
@@ -75,7 +79,9 @@ def _load(source: ConfigSource, registry: Registry, check_machine: bool) -> Kvti
     checker = Checker(registry, check_machine=check_machine)
     unwrapped = vllm.unwrap(document.data, checker)
     if unwrapped is None:
-        raise ConfigRejected(_final(numbers, checker.problems, refused), checker.warnings)
+        raise ConfigRejected(
+            _final(numbers, checker.problems, refused), checker.warnings, checker.notes
+        )
     checker.vllm = unwrapped.source_format != vllm.NATIVE
     base = unwrapped.base
     doc = checker.section(CORE_SCHEMA, unwrapped.doc, base, owner="")
@@ -106,7 +112,9 @@ def _load(source: ConfigSource, registry: Registry, check_machine: bool) -> Kvti
             _check_tier_machine(section, registry, checker, said)
 
     if numbers or checker.problems:
-        raise ConfigRejected(_final(numbers, checker.problems, refused), checker.warnings)
+        raise ConfigRejected(
+            _final(numbers, checker.problems, refused), checker.warnings, checker.notes
+        )
     return _build(doc, checker.warnings, document.origin, unwrapped.source_format,
                   notes=checker.notes)
 
