@@ -45,6 +45,9 @@ CONNECTORS = frozenset({"OffloadingConnector"})
 # else's class that happens to share the name.
 _SPEC_MODULES = {TIERING_SPEC: "vllm", KVTIERS_SPEC: "kvtiers_vllm"}
 
+# vLLM's own specs that are not a typo of ours (no "did you mean" for them).
+_OTHER_SPECS = frozenset({"CPUOffloadingSpec"})
+
 _ROLES = ["kv_producer", "kv_consumer", "kv_both"]
 
 
@@ -193,7 +196,8 @@ def _check_spec(extra: Mapping[str, Any], base: str, checker: Checker) -> None:
     if spec not in SPECS:
         checker.problem(
             where,
-            f"is {show(spec)}{did_you_mean(spec, SPECS)}: vLLM builds that spec, which "
+            f"is {show(spec)}{'' if spec in _OTHER_SPECS else did_you_mean(spec, SPECS)}: "
+            "vLLM builds that spec, which "
             f"does not read these options as kvtiers does: set \"spec_name\": {names}",
         )
         return
