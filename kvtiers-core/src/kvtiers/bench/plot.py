@@ -106,9 +106,19 @@ def supported_formats() -> list[str]:
     return sorted(FigureCanvasBase.get_supported_filetypes())
 
 
-def write_plot(path: Path, run: RunResult, title: str) -> dict[str, list[tuple[str, list[float]]]]:
+@dataclass(frozen=True)
+class Drawn:
+    """One line as the figure holds it (read back after drawing)."""
+
+    label: str
+    y: list[float]
+    linestyle: str
+    linewidth: float
+
+
+def write_plot(path: Path, run: RunResult, title: str) -> dict[str, list[Drawn]]:
     """Draw `run` into `path` (the format from its suffix). Returns what each panel
-    ("shares", "gbps") drew, read back from the figure: label and y values."""
+    ("shares", "gbps") drew, read back from the figure."""
     check_available()
     import matplotlib
 
@@ -142,8 +152,11 @@ def write_plot(path: Path, run: RunResult, title: str) -> dict[str, list[tuple[s
     fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
     drawn = {
-        panel: [(str(line.get_label()), [float(y) for y in line.get_ydata()])
-                for line in ax.get_lines()]
+        panel: [
+            Drawn(str(line.get_label()), [float(y) for y in line.get_ydata()],
+                  str(line.get_linestyle()), float(line.get_linewidth()))
+            for line in ax.get_lines()
+        ]
         for panel, ax in (("shares", top), ("gbps", bottom))
     }
     path.parent.mkdir(parents=True, exist_ok=True)
