@@ -210,9 +210,10 @@ def test_output_destinations_are_checked_before_the_run(tmp_path: Path) -> None:
     a_file.write_text("x")
     cases = {
         ("--json", str(a_file / "out.json")):
-            f"error: --json {a_file}/out.json: {str(a_file)!r} is a file, so no directory can "
-            "be made there",
-        ("--json", str(tmp_path)): f"error: --json {tmp_path}: is a directory; give a file name in it",
+            f"error: --json {a_file}/out.json: {str(a_file)!r} is a file, so no directory "
+            "can be made there",
+        ("--json", str(tmp_path)):
+            f"error: --json {tmp_path}: is a directory; give a file name in it",
         ("--plot", str(tmp_path / "out.txt")):
             f"error: --plot {tmp_path}/out.txt: '.txt' is not an image format; matplotlib writes ",
         ("--plot", str(tmp_path / "deep" / "dir" / "out.png"), "--model-check"):

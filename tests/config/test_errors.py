@@ -362,7 +362,9 @@ def test_the_memory_tier_checks_its_eviction_policy(problems) -> None:
     [line] = problems(
         {
             "cpu_bytes_to_use": GiB,
-            "secondary_tiers": [{"type": "memory", "capacity_bytes": GiB, "eviction_policy": "lfu"}],
+            "secondary_tiers": [
+                {"type": "memory", "capacity_bytes": GiB, "eviction_policy": "lfu"}
+            ],
         }
     )
     assert line.startswith(

@@ -88,4 +88,5 @@ def test_a_tier_listed_twice_is_an_error(problems, load) -> None:
     )
     assert line.startswith("$.secondary_tiers[0].mirrors[1]: the same tier as ")
     # A faulty wrapper around a copy of another tier is a test, not a duplicate.
-    load({"cpu_bytes_to_use": GiB, "secondary_tiers": [memory, {"type": "faulty", "inner": memory}]})
+    wrapped = {"type": "faulty", "inner": memory}
+    load({"cpu_bytes_to_use": GiB, "secondary_tiers": [memory, wrapped]})

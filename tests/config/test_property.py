@@ -179,6 +179,6 @@ def test_random_json(registry: Registry, doc: Any, machine: bool) -> None:
 def test_raw_text(registry: Registry, text: str) -> None:
     # Text that is not JSON is taken for a file path: only paths of the set above,
     # or ones that cannot exist, are ever opened.
-    if not text.lstrip()[:1] in ("{", "[") and "/" in text:
+    if text.lstrip()[:1] not in ("{", "[") and "/" in text:
         text = text.replace("/", "_")
     _attempt(_with_fs(registry), text, check_machine=False)

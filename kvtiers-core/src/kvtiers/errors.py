@@ -41,7 +41,7 @@ class _Remark:
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and (self.path, self.message) == (
-            other.path, other.message)  # type: ignore[attr-defined]
+            other.path, other.message)
 
     def __hash__(self) -> int:
         return hash((self.path, self.message))

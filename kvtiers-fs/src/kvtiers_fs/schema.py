@@ -9,6 +9,7 @@ Imported by the plugin module, so it imports no tier code: `kvtiers plugins` and
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Mapping
@@ -161,7 +162,7 @@ def root_dirs(options: Mapping[str, Any]) -> list[str]:
     return []
 
 
-Remark = ConfigProblem | ConfigNote
+Remark = ConfigProblem | ConfigNote | ConfigWarning
 
 
 def check_options(options: Mapping[str, Any]) -> list[ConfigProblem]:
@@ -269,10 +270,8 @@ def _spaces(roots: list[str]) -> list[_Space]:
         except OSError:
             continue
         held = 0
-        try:
+        with contextlib.suppress(OSError):
             held = sum(ns.bytes or 0 for ns in list_namespaces(root))
-        except OSError:
-            pass
         space = by_device.get(device)
         if space is None:
             by_device[device] = _Space([root], st.f_blocks * st.f_frsize,

@@ -64,7 +64,7 @@ def series(run: RunResult) -> PlotSeries:
     pairs = bins(run.samples)
     out = PlotSeries(t=[(a.t + b.t) / 2 for a, b in pairs])
     names = [CPU, *run.tier_names]
-    for a, b in pairs:  # any other attribution ("one of a, b") the run made
+    for _, b in pairs:  # any other attribution ("one of a, b") the run made
         names += [n for n in b.served_tokens if n not in names]
     for name in [*names, TOTAL, RECOMPUTED]:
         out.shares[name if name in (TOTAL, RECOMPUTED) else source_label(name)] = []

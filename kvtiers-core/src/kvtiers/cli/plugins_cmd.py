@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from kvtiers.plugins.registry import Registry
+from kvtiers.plugins.registry import Registered, Registry
 
 EXIT_BROKEN = 1
 
@@ -91,7 +91,7 @@ def _options(registry: Registry, name: str, as_json: bool) -> int:
     from kvtiers.errors import UnknownNameError
     from kvtiers.plugins.registry import unknown_name_message
 
-    reg = registry.tiers.get(name)
+    reg: Registered[Any] | None = registry.tiers.get(name)
     kind = "tier"
     if reg is None and name in registry.policies:
         reg, kind = registry.policies[name], "policy"

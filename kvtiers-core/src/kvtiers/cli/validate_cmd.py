@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtiers.config import KvtiersConfig, TierSection
-from kvtiers.humanize import format_bytes
 from kvtiers.config.model import thaw
 from kvtiers.config.schema import properties
 from kvtiers.errors import ConfigError
+from kvtiers.humanize import format_bytes
 from kvtiers.plugins.registry import Registry
 
 STDIN = "standard input"

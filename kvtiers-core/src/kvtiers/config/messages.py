@@ -110,7 +110,12 @@ def describe(schema: Any) -> str:
     return " or ".join(_describe_type(name, schema) for name in names)
 
 
-_BOUNDS = (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
+_BOUNDS = (
+    ("minimum", ">="),
+    ("exclusiveMinimum", ">"),
+    ("maximum", "<="),
+    ("exclusiveMaximum", "<"),
+)
 
 
 def numeric_bounds(schema: Mapping[str, Any], show: Any = str) -> list[str]:
@@ -149,7 +154,8 @@ def summary(schema: Any) -> str:
     """The first sentence of a subschema's description, for a missing key: up to
     the first full stop that ends a sentence (followed by a capital letter or the
     end, outside parentheses), so "e.g. {...}" does not cut it short."""
-    text = " ".join(str(schema.get("description", "") if isinstance(schema, Mapping) else "").split())
+    raw = schema.get("description", "") if isinstance(schema, Mapping) else ""
+    text = " ".join(str(raw).split())
     depth = 0
     for i, char in enumerate(text):
         if char in "([{":
@@ -184,7 +190,9 @@ def _branch_errors(error: ValidationError) -> list[ValidationError]:
     if len(fitting) != 1:
         return []
     return [
-        e for e in error.context if e.relative_schema_path and e.relative_schema_path[0] == fitting[0]
+        e
+        for e in error.context
+        if e.relative_schema_path and e.relative_schema_path[0] == fitting[0]
     ]
 
 

@@ -55,13 +55,13 @@ def disabled_hint(kind: str, name: str, environ: Mapping[str, str] | None = None
         or (kind == "tier" and _canonical(s[1]) == _KNOWN_DISTRIBUTIONS.get(name))
     ]
     if likely:
-        ep, dist, var = likely[0]
+        plugin, dist, var = likely[0]
         how = "lists it" if var == ENV_DISABLE else "does not list it"
         return (
-            f"; the plugin {ep!r} of {dist}, which provides {kind} {name!r}, is installed "
+            f"; the plugin {plugin!r} of {dist}, which provides {kind} {name!r}, is installed "
             f"but skipped: {var} {how}"
         )
     if skipped:
-        listed = ", ".join(f"{ep!r} ({dist})" for ep, dist, _ in skipped)
+        listed = ", ".join(f"{plugin!r} ({dist})" for plugin, dist, _ in skipped)
         return f"; plugins skipped by {ENV_DISABLE}/{ENV_ALLOW}, one may provide it: {listed}"
     return ""

@@ -20,7 +20,7 @@ def schema_problem(schema: Any) -> str | None:
         return f"a schema is a JSON object, not {type(schema).__name__}"
     try:
         cls = validator_for(schema, default=Draft202012Validator)
-        cls.check_schema(schema)
+        cls.check_schema(dict(schema))
     except SchemaError as exc:
         where = "".join(f"[{p!r}]" for p in exc.path)
         return f"not valid JSON Schema: {exc.message}" + (f" (at {where})" if where else "")

@@ -8,6 +8,7 @@ no tier code is imported.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -77,10 +78,8 @@ def _normal(path: str, resolve: bool) -> str:
         return path
     normal = os.path.normpath(path)
     if resolve:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             normal = os.path.realpath(normal)
-        except (OSError, ValueError):
-            pass
     return normal
 
 

@@ -171,7 +171,8 @@ def _check_transfer(doc: dict[str, Any], checker: Checker) -> None:
     if connector is not None and doc.get("kv_role") is None:
         checker.problem(
             join(ROOT, "kv_role"),
-            f"{'null' if 'kv_role' in doc else 'missing'}; vLLM refuses a kv_connector without a role: one of "
+            f"{'null' if 'kv_role' in doc else 'missing'}; "
+            "vLLM refuses a kv_connector without a role: one of "
             f"{', '.join(show(r) for r in _ROLES)} (offloading: \"kv_both\")",
         )
 
