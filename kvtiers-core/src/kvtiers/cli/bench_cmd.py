@@ -251,6 +251,8 @@ def _bench(args: argparse.Namespace) -> int:
             source = config.source
         for warning in config.warnings:
             print(f"warning: {warning}", file=sys.stderr)
+        for note in config.notes:  # such as a capacity derived for a vLLM config
+            print(f"note: {note}", file=sys.stderr)
         runs = _runs(args, config, geometry, spec, console, source)
         main = runs[-1]
         for i, run_ in enumerate(runs):
