@@ -35,7 +35,7 @@ def test_names_number_repeated_types():
     config = _config()
     assert tier_names(config) == ["memory", "faulty"]
     doubled = load_config({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [
-        {"type": "memory", "capacity_bytes": 4096}, {"type": "memory", "capacity_bytes": 4096}]})
+        {"type": "memory", "capacity_bytes": 4096}, {"type": "memory", "capacity_bytes": 8192}]})
     assert tier_names(doubled) == ["memory#1", "memory#2"]
 
 

@@ -80,3 +80,11 @@ class ConfigNote(_Remark):
     `kvtiers validate` prints it; nothing is refused."""
 
     __slots__ = ()
+
+
+class ConfigWarning(_Remark):
+    """Something a tier's machine check (`TierRecord.check`) found that will likely
+    go wrong but need not (a capacity above the free space now): where and what.
+    `kvtiers validate` prints it as a warning; nothing is refused."""
+
+    __slots__ = ()

@@ -5,13 +5,16 @@ no traceback reaches the user unless KVTIERS_DEBUG is set."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvtiers.errors import ConfigError, KvtiersError, PluginError
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + 13  # as if killed by SIGPIPE, what `yes | head` reports
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -50,6 +53,29 @@ def _command_in(argv: Sequence[str], commands: Mapping[str, object]) -> str | No
     return None
 
 
+
+def _closed_stdout_is_quiet(
+    run: Callable[[Sequence[str] | None], int],
+) -> Callable[[Sequence[str] | None], int]:
+    """`kvtiers ... | head -2`: when the reader of stdout leaves, stop quietly with
+    SIGPIPE's status instead of a BrokenPipeError traceback, for every command."""
+
+    @functools.wraps(run)
+    def quiet(argv: Sequence[str] | None = None) -> int:
+        try:
+            status = run(argv)
+            sys.stdout.flush()  # a reader that left shows here, not at exit
+            return status
+        except BrokenPipeError:
+            # Python flushes stdout once more at exit; pointed at /dev/null, quietly.
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
+
+    return quiet
+
+
+@_closed_stdout_is_quiet
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser(argv)

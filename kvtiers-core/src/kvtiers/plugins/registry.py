@@ -176,13 +176,26 @@ def unknown_name_message(
     broken = sorted({f.plugin for f in failures if f.name is None})
     if broken:
         msg += f"; plugins that failed to load: {', '.join(broken)} (see `kvtiers plugins`)"
-    if kind == "tier" and name in _KNOWN_DISTRIBUTIONS:
-        msg += f"; install {_KNOWN_DISTRIBUTIONS[name]} to use type {name!r}"
+    hint = install_hint(name) if kind == "tier" else None
+    if hint:
+        msg += f"; {hint}"
     return msg
 
 
 # Tiers we ship as separate distributions: an install hint when they are missing.
 _KNOWN_DISTRIBUTIONS = {"fs": "kvtiers-fs", "s3": "kvtiers-s3", "p2p": "kvtiers-p2p"}
+
+
+def install_hint(tier: str) -> str | None:
+    """Where the distribution of one of our own tiers comes from, or None."""
+    dist = _KNOWN_DISTRIBUTIONS.get(tier)
+    if dist is None:
+        return None
+    # Not on PyPI yet: the distributions are directories of the kvtiers repository.
+    return (
+        f"install {dist} to use type {tier!r} (not published yet: `pip install "
+        f"./{dist}` in a checkout of the kvtiers repository, after kvtiers-core)"
+    )
 
 
 def _canonical(name: str) -> str:
