@@ -156,22 +156,32 @@ class InFlightTests(TierSuiteBase):
         gates = [pool.gate([2, 3])]
         held = [jobs.store(fresh, [2, 3])]
         gates[0].wait_entered(self.timeout_s, "a store")
+
+        def returned(call: str) -> None:
+            # A call that waited for the I/O returned only when a gate expired.
+            expired = [sorted(g.slots) for g in gates if g.expired]
+            assert not expired, (
+                f"{call} waited for the tier's I/O (held at slots {expired}): "
+                "scheduler-thread calls must never block on I/O")
+
         if self.concurrent_jobs:
             gates.append(pool.gate([8, 9]))
             held.append(jobs.load(stored, [8, 9]))
+            returned("submit_load")
             gates[1].wait_entered(self.timeout_s, "a load")
-        # Each call below would wait until a gate expires if it waited for the I/O.
         for key in stored:
             assert tier.lookup(key) in (LookupResult.HIT, LookupResult.RETRY)
         assert tier.lookup(other[0]) in (LookupResult.MISS, LookupResult.RETRY)
+        returned("lookup")
         tier.touch(stored)
+        returned("touch")
         tier.stats()
+        returned("stats")
         jobs.poll()
+        returned("get_finished_jobs")
         queued = [jobs.store(other, [4, 5]), jobs.load(stored, [10, 11])]
-        jobs.poll()
-        tier.stats()
+        returned("submit_store or submit_load")
         for gate in gates:
-            assert not gate.expired, "a scheduler-thread call waited for the tier's I/O"
             gate.release()
         for result in jobs.wait(held + queued):
             assert result.success, result.failed
