@@ -69,7 +69,7 @@ def test_kvtiers_plugins_reports_the_contract_1_record(fake_plugins: FakePlugins
     assert f"written for contract version {OLD}" in vintage["error"]
     assert f"needs version {CONTRACT_VERSION}" in vintage["error"]
     human = kvtiers(fake_plugins.root, "plugins")
-    assert human.returncode == 0, human.stderr
+    assert human.returncode == 1, human.stderr
     [line] = [ln for ln in human.stdout.splitlines() if "vintage" in ln]
     assert "kvtiers-vintage" in line and "error" in line
     assert f"written for contract version {OLD}, but" in line
@@ -114,7 +114,7 @@ def test_plugin_commands_load_only_when_run(fake_plugins: FakePlugins) -> None:
     assert "say hello" in helped.stdout and "never loads" in helped.stdout
     assert "hello module imported" not in helped.stderr  # listed, not loaded
     listed = kvtiers(fake_plugins.root, "plugins", "--json")
-    assert listed.returncode == 0 and "hello module imported" not in listed.stderr
+    assert listed.returncode == 1 and "hello module imported" not in listed.stderr
     ran = kvtiers(fake_plugins.root, "hello", "--name", "kv")
     assert (ran.returncode, ran.stdout) == (3, "hello, kv\n")
     assert "hello module imported" in ran.stderr
