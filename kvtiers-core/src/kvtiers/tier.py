@@ -189,15 +189,17 @@ class SecondaryTier(ABC):
 
     # Optional parts of the contract (scheduler thread, never blocking).
 
-    def touch(self, keys: Iterable[BlockKey]) -> None:
+    def touch(self, keys: Iterable[BlockKey]) -> None:  # noqa: B027 - optional, a no-op
         """The keys were used: refresh their recency. Default: nothing."""
 
-    def on_request_start(self, request_id: str, params: Mapping[str, Any] | None = None) -> None:
+    def on_request_start(  # noqa: B027 - optional, a no-op
+        self, request_id: str, params: Mapping[str, Any] | None = None
+    ) -> None:
         """An engine request started. `params` are the engine's per-request transfer
         parameters (vLLM's `kv_transfer_params`: peer roles and addresses for p2p),
         None when it has none. Default: nothing."""
 
-    def on_request_finished(self, request_id: str) -> None:
+    def on_request_finished(self, request_id: str) -> None:  # noqa: B027 - optional
         """An engine request finished. Default: nothing."""
 
     def serve_external_requests(self, parent: ParentManager) -> None:
