@@ -27,9 +27,11 @@ test: setup
 bench: setup
 	$(BIN)/kvtiers bench
 
-# ruff with the rules of pyproject.toml, mypy strict on the distributions' sources.
+# ruff with the rules of pyproject.toml, mypy strict on the distributions' sources
+# and on the example tiers docs/plugins.md shows (what authors copy must type-check).
 LINT_PATHS := kvtiers-core kvtiers-fs tests bench examples
-TYPED_PATHS := kvtiers-core/src kvtiers-fs/src
+TYPED_PATHS := kvtiers-core/src kvtiers-fs/src examples/kvtiers-scratch/src \
+	examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src
 
 lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)
