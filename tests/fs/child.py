@@ -64,6 +64,35 @@ def writer(root: str, capacity_blocks: int, seed: int, log_path: str, ready: Any
                           "written": stats.blocks_written})
 
 
+def die_half_way(root: str, keys: list[bytes], block_bytes: int, ready: Any) -> None:
+    """Store keys[0]; then reserve keys[1:], write half of keys[1]'s temporary file
+    and all of keys[2]'s file (renamed into place), commit neither, and wait to be
+    killed: the state a writer killed between writing and committing leaves."""
+    from kvtiers_fs import layout
+
+    ctx = context(block_bytes, 8, clock=time.monotonic)
+    tier = open_tier(ctx, root, 100)
+    ctx.pool.block(0)[:] = block_data(keys[0], block_bytes)
+    tier.submit_store(TransferJob(next(_ids), keys[:1], [0]))
+    while not tier.get_finished_jobs():
+        time.sleep(0.001)
+    store = tier.stores[0]
+    idns = [layout.ident(k) for k in keys[1:]]
+    store.reserve([(i, layout.file_bytes(block_bytes)) for i in idns])
+    shard = store.shard_fd(idns[0], create=True)
+    fd = os.open(layout.tmp_name(idns[0], store.writer), os.O_WRONLY | os.O_CREAT, 0o600,
+                 dir_fd=shard)
+    os.write(fd, os.urandom(1000))
+    os.close(fd)
+    os.close(shard)
+    ctx.pool.block(1)[:] = block_data(keys[2], block_bytes)
+    shard = store.shard_fd(idns[1], create=True)
+    tier._io[0].write(shard, idns[1], keys[2], store.writer, ctx.pool.block(1))
+    os.close(shard)
+    ready.put(store.writer)
+    time.sleep(3600)
+
+
 def read_log(path: str) -> list[bytes]:
     """Keys a writer logged; a line cut by a kill is ignored."""
     try:

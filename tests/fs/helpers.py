@@ -16,6 +16,7 @@ from kvtiers.keys import BlockKey
 from kvtiers.testing import JobTracker, make_context, make_namespace
 from kvtiers.tier import TierContext
 
+from kvtiers_fs import layout
 from kvtiers_fs.tier import FsTier
 
 BB = 16384  # block bytes of most tests
@@ -62,6 +63,18 @@ def load_and_check(tier: FsTier, keys: list[BlockKey], first_slot: int = 0) -> A
             assert bytes(pool.block(slot)) == block_data(key, pool.block_bytes), \
                 f"wrong bytes served for {key.hex()}"
     return result
+
+
+def intact_header(key: BlockKey, namespace: str, block_bytes: int, digest: int,
+                  version: int = layout.LAYOUT_VERSION) -> bytes:
+    """A well-formed header (its own checksum right) - of another layout version
+    when `version` says so: what a newer kvtiers-fs would write."""
+    import xxhash
+
+    raw = bytearray(layout.pack_header(key, namespace, block_bytes, digest))
+    raw[8:12] = version.to_bytes(4, "little")
+    body = bytes(raw[:-8])
+    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
 
 
 def disk_files(ns_dir: Path) -> tuple[int, int, int]:

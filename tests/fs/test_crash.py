@@ -42,11 +42,10 @@ def _check_restart(root: Path, capacity: int, must_have: set[bytes],
     ctx = context(BLOCK, slots=64)
     tier = open_tier(ctx, root, capacity)
     try:
-        store = tier.stores[0]
-        with store._state:
-            indexed = set(store.policy.export())
-            pending = dict(store.pending)
-        assert not pending, f"intents of the dead writer were not settled: {len(pending)}"
+        inv = tier.inventory()
+        assert inv.reserved_blocks == 0, \
+            f"intents of the dead writer were not settled: {inv.reserved_blocks}"
+        indexed = inv.keys()
         lost = must_have - indexed
         assert not lost, f"{len(lost)} blocks reported stored were lost"
         # Every indexed block not verified yet must load with the right bytes.

@@ -29,9 +29,11 @@ import errno
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from kvtiers.errors import ConfigError, ConfigProblem
+from kvtiers.inventory import TierInventory
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
@@ -50,6 +52,10 @@ from kvtiers_fs.schema import FS_SCHEMA, check_options, root_dirs
 from kvtiers_fs.store import RootStore, Verdict
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+_WAIT_FAILURES = {Verdict.FULL: FailureReason.FULL, Verdict.TIMEOUT: FailureReason.TIMEOUT,
+                  Verdict.CLOSED: FailureReason.CLOSED}
 
 
 def _store_failure(exc: OSError) -> FailureReason:
@@ -87,13 +93,15 @@ class _JobState:
 class _Task:
     """One unit of work on an I/O thread: a block, or a store job's reservation."""
 
-    __slots__ = ("tier", "state", "index", "root", "idn", "recycled", "done")
+    __slots__ = ("tier", "state", "index", "root", "idn", "recycled", "done", "own")
 
     def __init__(self, tier: FsTier, state: _JobState, index: int = -1, root: int = -1,
-                 idn: Ident = b"", recycled: bool = False):
+                 idn: Ident = b"", recycled: bool = False, own: bool = True):
         self.tier, self.state, self.index, self.root, self.idn = tier, state, index, root, idn
         self.recycled = recycled  # a store into an evicted block's file
         self.done = False  # reported through _block_done
+        # a store that holds its own intent (False: waiting for another writer's)
+        self.own = own
 
     def run(self) -> None:
         tier = self.tier
@@ -195,6 +203,7 @@ class FsTier(SecondaryTier):
                     root, ctx.namespace, capacity_bytes=self.capacity_bytes,
                     policy_factory=lambda: ctx.make_policy(policy_name, capacity_blocks),
                     durable=self.durable, errors=self._errors, logger=ctx.logger,
+                    on_removed=ctx.events.removed,
                 )
                 self.stores.append(store)
                 store.open()
@@ -327,6 +336,10 @@ class FsTier(SecondaryTier):
         for root, idns in by_root.items():
             self.stores[root].touch(idns)
 
+    def inventory(self, *, ages: bool = False) -> TierInventory:
+        return TierInventory(self.ctx.name or "fs",
+                             tuple(store.inventory(ages=ages) for store in self.stores))
+
     def block_path(self, key: BlockKey) -> str:
         """Where the file of `key` is (tests, tools)."""
         root, idn = self._route(key)
@@ -370,6 +383,7 @@ class FsTier(SecondaryTier):
             root, idn = self._route(key)
             by_root.setdefault(root, []).append((i, idn))
         tasks: list[_Task] = []
+        waiting: list[_Task] = []
         for root, items in by_root.items():
             store = self.stores[root]
             try:
@@ -386,19 +400,36 @@ class FsTier(SecondaryTier):
                     state.ok.append(job.keys[i])
                 elif verdict is Verdict.FULL:
                     state.failed[job.keys[i]] = FailureReason.FULL
+                elif verdict is Verdict.PENDING:  # another intent is writing it: wait
+                    waiting.append(_Task(self, state, i, root, idn, own=False))
                 else:
                     tasks.append(_Task(self, state, i, root, idn,
                                        recycled=verdict is Verdict.RECYCLED))
-        if not tasks:
+        if not tasks and not waiting:
             self._finish(state, {})
             return
-        state.left = len(tasks)
+        state.left = len(tasks) + len(waiting)
         # At the head of the queue: with many store jobs queued, the reservations
         # (one at a time, under the namespace lock) would otherwise all run before
         # any block is written, leaving the disk idle meanwhile.
-        if not self._pool.submit(STORE, _batched(tasks, self.block_bytes), first=True):
+        if tasks and not self._pool.submit(STORE, _batched(tasks, self.block_bytes), first=True):
             for task in tasks:
                 task.cancel()
+        for task in waiting:
+            self.stores[task.root].await_intent(task.idn, self.file_bytes, job.deadline,
+                                                self.ctx.clock, partial(self._intent_ended, task))
+
+    def _intent_ended(self, task: _Task, verdict: Verdict) -> None:
+        """The other intent on a block this job waited for ended (`RootStore.
+        await_intent`): stored by it, failed, or reserved for us to write now."""
+        if verdict is Verdict.PRESENT:
+            self._block_done(task, None)
+        elif verdict in (Verdict.GRANTED, Verdict.RECYCLED):
+            task.own, task.recycled = True, verdict is Verdict.RECYCLED
+            if not self._pool.submit(STORE, [task], first=True):
+                task.cancel()
+        else:
+            self._block_done(task, _WAIT_FAILURES.get(verdict, FailureReason.IO))
 
     def _store_block(self, task: _Task) -> None:
         state, job = task.state, task.state.job
@@ -433,8 +464,7 @@ class FsTier(SecondaryTier):
             # open (shard directory, then file) otherwise, and to classify errors.
             got = io.read_beneath(store.blocks_fd, task.idn, key, slot)
         except OSError as exc:
-            self._errors.record("load", exc, store.root)
-            self._block_done(task, FailureReason.IO)
+            self._load_failed(task, exc)
             return
         if got is None:
             try:
@@ -444,18 +474,22 @@ class FsTier(SecondaryTier):
                 self._block_done(task, FailureReason.MISSING)
                 return
             except OSError as exc:
-                self._errors.record("load", exc, store.root)
-                self._block_done(task, FailureReason.IO)
+                self._load_failed(task, exc)
                 return
             try:
                 got = io.read(shard, task.idn, key, slot)
             except OSError as exc:
-                self._errors.record("load", exc, store.root)
-                self._block_done(task, FailureReason.IO)
+                self._load_failed(task, exc)
                 return
             finally:
                 layout.close_quiet(shard)
         self._after_read(task, got)
+
+    def _load_failed(self, task: _Task, exc: OSError) -> None:
+        store = self.stores[task.root]
+        self._errors.record("load", exc, store.root)
+        store.unreadable(task.idn, exc)  # not a HIT for ever
+        self._block_done(task, FailureReason.IO)
 
     def _load_batch(self, tasks: list[_Task]) -> None:
         """Loads of consecutive small blocks of one job: one native call reads them
@@ -526,12 +560,13 @@ class FsTier(SecondaryTier):
         with state.lock:
             if reason is None:
                 state.ok.append(key)
-                state.moved += self.block_bytes
-                if not state.load:
-                    state.done.setdefault(task.root, []).append((task.index, key, task.idn))
+                if task.own:  # (else another writer's copy: nothing moved, ours to end)
+                    state.moved += self.block_bytes
+                    if not state.load:
+                        state.done.setdefault(task.root, []).append((task.index, key, task.idn))
             else:
                 state.failed[key] = reason
-                if not state.load:
+                if not state.load and task.own:
                     state.aborted.setdefault(task.root, []).append(task.idn)
             state.left -= 1
             last = state.left == 0
