@@ -93,6 +93,41 @@ def die_half_way(root: str, keys: list[bytes], block_bytes: int, ready: Any) -> 
     time.sleep(3600)
 
 
+def stop_while_writing(root: str, keys: list[bytes], block_bytes: int, log_path: str,
+                       ready: Any) -> None:
+    """Store `keys` (one job), stopping this whole process with SIGSTOP as soon as
+    the temporary file of the first block is created (before a byte is written);
+    after a SIGCONT, finish, log the keys reported ok (as `writer` does) and exit."""
+    import signal
+
+    import kvtiers_fs.blockio as blockio
+
+    real = blockio._pwritev_all
+    stopped = []
+
+    def stop_then_write(fd: int, buffers: Any, offset: int) -> None:
+        if not stopped:
+            stopped.append(True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        real(fd, buffers, offset)
+
+    blockio._pwritev_all = stop_then_write  # type: ignore[assignment]
+    ctx = context(block_bytes, 8, clock=time.monotonic)
+    tier = open_tier(ctx, root, 100)
+    ready.put(tier.stores[0].writer)
+    for slot, key in enumerate(keys):
+        ctx.pool.block(slot)[:] = block_data(key, block_bytes)
+    tier.submit_store(TransferJob(next(_ids), keys, list(range(len(keys)))))
+    results: list[Any] = []
+    while not results:
+        results = tier.get_finished_jobs()
+        time.sleep(0.001)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(log, b"".join(k.hex().encode() + b"\n" for k in results[0].ok))
+    os.close(log)
+    tier.close()
+
+
 def read_log(path: str) -> list[bytes]:
     """Keys a writer logged; a line cut by a kill is ignored."""
     try:

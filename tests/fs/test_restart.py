@@ -13,6 +13,7 @@ from kvtiers.lookup import LookupResult
 from kvtiers.testing import random_keys, resolve_lookup
 
 import kvtiers_fs.store as store_mod
+from kvtiers_fs import layout
 from tests.fs.child import die_half_way
 from tests.fs.helpers import context, disk_files, load_and_check, ns_dir, open_tier, store_keys
 
@@ -127,5 +128,43 @@ def test_dead_writer_leftovers_are_cleaned_at_start_up(mp: Any, children: list[A
         assert resolve_lookup(other, keys[2]) is LookupResult.HIT
         assert load_and_check(other, [keys[0], keys[2]]).success
         assert not (ns_dir(root, ctx) / "writers" / f"{writer:016x}").exists()
+    finally:
+        other.close()
+
+
+def test_a_dead_writer_whose_shard_became_a_symlink_is_still_settled(
+        mp: Any, children: list[Any], tmp_path: Path) -> None:
+    """Settling a dead writer meets a symlink planted as the shard of one of its
+    intents: that intent is aborted, the others settled, nothing left pending - not
+    an exception half way (issue 11, item 2)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    keys = random_keys(3)
+    queue = mp.Queue()
+    proc = mp.Process(target=die_half_way, args=(str(root), keys, BLOCK, queue), daemon=True)
+    children.append(proc)
+    proc.start()
+    queue.get(timeout=30)
+    proc.kill()
+    proc.join(10)
+    ctx = context(BLOCK)
+    shards = [ns_dir(root, ctx) / "blocks" / layout.shard_of(layout.ident(k)) for k in keys]
+    if len(set(shards)) < 3:
+        pytest.skip("the random keys share a shard")
+    shard = shards[1]
+    assert any(f.name.endswith(".tmp") for f in shard.iterdir())  # the dead writer's
+    for f in shard.iterdir():
+        f.unlink()
+    shard.rmdir()
+    shard.symlink_to(outside, target_is_directory=True)
+    other = open_tier(ctx, root, 100)
+    try:
+        assert other.stats().usage_bytes == 2 * FILE, "the dead writer's intents stayed"
+        inv = other.inventory()
+        assert inv.reserved_blocks == 0 and inv.keys() == {keys[0], keys[2]}
+        assert load_and_check(other, [keys[0], keys[2]]).success
+        assert list(outside.iterdir()) == []
     finally:
         other.close()
