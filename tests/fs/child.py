@@ -4,9 +4,11 @@ on a root and log the keys the tier reported stored."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 from kvtiers.jobs import TransferJob
@@ -113,7 +115,9 @@ def stop_while_writing(root: str, keys: list[bytes], block_bytes: int, log_path:
 
     blockio._pwritev_all = stop_then_write  # type: ignore[assignment]
     ctx = context(block_bytes, 8, clock=time.monotonic)
-    tier = open_tier(ctx, root, 100)
+    # One store thread: the job's blocks are written one after the other, so the
+    # stop comes before any other block of the job is written.
+    tier = open_tier(ctx, root, 100, threads={"load": 1, "store": 1})
     ready.put(tier.stores[0].writer)
     for slot, key in enumerate(keys):
         ctx.pool.block(slot)[:] = block_data(key, block_bytes)
@@ -131,13 +135,11 @@ def stop_while_writing(root: str, keys: list[bytes], block_bytes: int, log_path:
 def read_log(path: str) -> list[bytes]:
     """Keys a writer logged; a line cut by a kill is ignored."""
     try:
-        data = open(path, "rb").read()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         return []
     keys = []
     for line in data.split(b"\n")[:-1]:  # the part after the last newline is unfinished
-        try:
+        with contextlib.suppress(ValueError):
             keys.append(bytes.fromhex(line.decode()))
-        except ValueError:
-            pass
     return keys

@@ -15,7 +15,6 @@ from typing import Any
 from kvtiers.keys import BlockKey
 from kvtiers.testing import JobTracker, make_context, make_namespace
 from kvtiers.tier import TierContext
-
 from kvtiers_fs import layout
 from kvtiers_fs.tier import FsTier
 

@@ -12,9 +12,9 @@ import random
 from pathlib import Path
 from typing import Any
 
+import kvtiers_fs.store as store_mod
 import pytest
 
-import kvtiers_fs.store as store_mod
 from tests.fs.child import read_log, writer
 from tests.fs.helpers import context, disk_files, load_and_check, ns_dir, open_tier
 

@@ -9,13 +9,12 @@ import random
 from pathlib import Path
 
 import pytest
-
 from kvtiers.integrity import checksum
 from kvtiers.jobs import FailureReason
 from kvtiers.lookup import LookupResult
 from kvtiers.testing import random_keys, resolve_lookup
-
 from kvtiers_fs import layout
+
 from tests.fs.helpers import (
     BB,
     FILE,

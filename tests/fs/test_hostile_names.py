@@ -10,12 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from kvtiers.testing import random_keys
-
 from kvtiers_fs import layout, list_namespaces
 from kvtiers_fs.schema import check_machine
-from tests.fs.helpers import FILE, context, disk_files, load_and_check, ns_dir, open_tier, store_keys
+
+from tests.fs.helpers import (
+    FILE,
+    context,
+    disk_files,
+    load_and_check,
+    ns_dir,
+    open_tier,
+    store_keys,
+)
 
 NEIGHBOUR = "ab" * 16  # another namespace's directory name (32 hex digits)
 

@@ -8,14 +8,13 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from kvtiers.integrity import checksum
 from kvtiers.jobs import FailureReason
 from kvtiers.keys import make_key
-from kvtiers.testing import random_keys, resolve_lookup
 from kvtiers.lookup import LookupResult
-
+from kvtiers.testing import random_keys, resolve_lookup
 from kvtiers_fs import layout
+
 from tests.fs.helpers import (
     BB,
     FILE,

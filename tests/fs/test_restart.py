@@ -7,13 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import kvtiers_fs.store as store_mod
 import pytest
-
 from kvtiers.lookup import LookupResult
 from kvtiers.testing import random_keys, resolve_lookup
-
-import kvtiers_fs.store as store_mod
 from kvtiers_fs import layout
+
 from tests.fs.child import die_half_way
 from tests.fs.helpers import context, disk_files, load_and_check, ns_dir, open_tier, store_keys
 

@@ -16,12 +16,10 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
+import kvtiers_fs.store as store_mod
 import pytest
-
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.testing import make_namespace, random_keys
-
-import kvtiers_fs.store as store_mod
 from kvtiers_fs import layout
 from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.store import RootStore

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from kvtiers.errors import ConfigError
 from kvtiers.jobs import FailureReason
 from kvtiers.lookup import LookupResult
