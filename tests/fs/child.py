@@ -21,10 +21,12 @@ _ids = iter(range(1, 1 << 62))
 
 def writer(root: str, capacity_blocks: int, seed: int, log_path: str, ready: Any,
            rotate_bytes: int = 0, jobs: int = 0, key_space: int = 0,
-           result_queue: Any = None, in_flight: int = 4, block_bytes: int = BB) -> None:
+           result_queue: Any = None, in_flight: int = 4, block_bytes: int = BB,
+           key_base: int = 0) -> None:
     """Store random blocks forever (or `jobs` jobs), `in_flight` jobs at a time of
     1-8 blocks each; after each job, append the keys reported ok to `log_path`, one
-    hex line per key, with one write(2)."""
+    hex line per key, with one write(2). With `key_space`, keys are drawn from
+    `key_base + range(key_space)` (writers sharing one store the same keys)."""
     if rotate_bytes:
         import kvtiers_fs.store as store_mod
 
@@ -40,8 +42,9 @@ def writer(root: str, capacity_blocks: int, seed: int, log_path: str, ready: Any
         for j in range(in_flight):
             n = rng.randint(1, 8)
             if key_space:
-                keys = list(dict.fromkeys(make_key(rng.randrange(key_space).to_bytes(16, "big"))
-                                          for _ in range(n)))
+                keys = list(dict.fromkeys(
+                    make_key((key_base + rng.randrange(key_space)).to_bytes(16, "big"))
+                    for _ in range(n)))
             else:
                 keys = [make_key(rng.randbytes(16)) for _ in range(n)]
             slots = list(range(8 * j, 8 * j + len(keys)))
@@ -63,7 +66,8 @@ def writer(root: str, capacity_blocks: int, seed: int, log_path: str, ready: Any
     tier.close()
     if result_queue is not None:
         result_queue.put({"evictions": stats.evictions, "errors": dict(stats.errors),
-                          "written": stats.blocks_written})
+                          "written": stats.blocks_written,
+                          "waited": sum(s.waited for s in tier.stores)})
 
 
 def die_half_way(root: str, keys: list[bytes], block_bytes: int, ready: Any) -> None:

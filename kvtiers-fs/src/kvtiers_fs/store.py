@@ -135,6 +135,7 @@ class RootStore:
         self.recycled = 0  # evicted files reused as new blocks' files
         self.reloads = 0
         self.rotations = 0
+        self.waited = 0  # stores that waited for another intent on their block
         self.closed = False
 
     # -- opening and closing ----------------------------------------------------
@@ -272,6 +273,7 @@ class RootStore:
         ended - `PRESENT` (committed), `GRANTED`/`RECYCLED` (reserved for the
         caller now: write, then commit or abort as usual), `FULL`, `TIMEOUT`
         (`deadline` on `clock` passed), `CLOSED` or `ERROR`. Never blocks."""
+        self.waited += 1
         self._waits.add(idn, size, deadline, clock, done)
 
     def reserve(self, items: list[tuple[Ident, int]]) -> tuple[list[Verdict], int]:
