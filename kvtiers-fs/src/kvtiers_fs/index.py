@@ -177,7 +177,9 @@ class BlockIndex:
         journal (the rest of the frame is not applied)."""
         dels: list[Ident] = []
         sizes, pending = self.sizes, self.pending
-        for r in records:
+        for n, r in enumerate(records, 1):
+            if n % CHUNK == 0:
+                pause()  # a large frame: see pacing.py
             op, idn = r.op, r.ident
             if op == jr.ADD:
                 if idn not in pending and idn not in sizes:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import xxhash
 
 from kvtiers_fs.layout import MAX_INLINE_IDENT, Ident
+from kvtiers_fs.pacing import CHUNK, digest_paced, pause
 
 # Ops. ADD/COMMIT/ABORT: a writer's intent to write a block, then its outcome.
 ADD = ord("+")
@@ -61,8 +62,8 @@ SNAP_MAGIC = b"KVS1"
 SNAP_VERSION = 2
 #: generations are below this (a name with a larger number is not ours)
 MAX_GENERATION = 1 << 62
-#: a journal read applies at most this many bytes of frames before it pauses
-READ_CHUNK_BYTES = 256 << 10
+#: a journal read takes about this many bytes of frames at a time (256 records)
+READ_CHUNK_BYTES = 16 << 10
 
 assert RECORD.size == 64 and MAX_INLINE_IDENT <= 40 < 256
 
@@ -84,9 +85,17 @@ def frame(records: list[Record]) -> bytes:
 
 
 def _records(body: bytes | memoryview) -> list[Record]:
-    """The records of a frame body."""
-    return [Record(op, writer, size, raw[:n])
-            for op, n, writer, size, raw in RECORD.iter_unpack(body)]
+    """The records of a frame body (a large frame is decoded in pieces, pausing in
+    between: see pacing.py)."""
+    if len(body) <= CHUNK * RECORD.size:
+        return [Record(op, writer, size, raw[:n])
+                for op, n, writer, size, raw in RECORD.iter_unpack(body)]
+    out: list[Record] = []
+    for at in range(0, len(body), CHUNK * RECORD.size):
+        out += [Record(op, writer, size, raw[:n]) for op, n, writer, size, raw
+                in RECORD.iter_unpack(body[at : at + CHUNK * RECORD.size])]
+        pause()
+    return out
 
 
 def raw_records(body: bytes | memoryview) -> Iterator[tuple[int, int, int, int, bytes]]:
@@ -208,8 +217,6 @@ def read_snapshot_head(data: bytes | memoryview) -> SnapshotHead:
 def parse_snapshot(data: bytes) -> Snapshot:
     """Check and decode a whole snapshot (ValueError if damaged). The checksum of a
     large body is computed in pieces, with pauses (see `pacing`)."""
-    from kvtiers_fs.pacing import digest_paced
-
     head = read_snapshot_head(data)
     body = memoryview(data)[SNAP.size :]
     if len(body) != head.count * RECORD.size or digest_paced(body) != head.digest:

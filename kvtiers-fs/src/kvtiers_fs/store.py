@@ -522,6 +522,8 @@ class RootStore:
                 if applied >= CHUNK:
                     applied = 0
                     pause()
+            if tail.frames:
+                pause()  # a piece read and applied
             if switch is not None:
                 restarts += 1
                 if restarts > 100:
