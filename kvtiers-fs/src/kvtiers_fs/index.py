@@ -40,6 +40,8 @@ from kvtiers_fs.pacing import CHUNK, chunks, pause
 _PIN, _UNPIN, _TOUCH = 0, 1, 2
 #: touches remembered for the journal between flushes (older ones are dropped)
 MAX_BUFFERED_TOUCHES = 1 << 16
+#: touches queued for the owner at most (more are dropped until it drains)
+MAX_QUEUED_OPS = 1 << 18
 
 
 class BlockIndex:
@@ -68,7 +70,10 @@ class BlockIndex:
         self._ops.extend((_UNPIN, i) for i in idns)
 
     def touch(self, idns: Iterable[Ident]) -> None:
-        self._ops.extend((_TOUCH, i) for i in idns)
+        """Queued; dropped when the queue is full (recency is best effort; pins
+        and unpins are never dropped)."""
+        if len(self._ops) < MAX_QUEUED_OPS:
+            self._ops.extend((_TOUCH, i) for i in idns)
 
     @property
     def blocks(self) -> int:
