@@ -19,10 +19,13 @@ import os
 import stat
 from collections.abc import Callable, Iterable
 
+from kvtiers.inventory import BlockRecord
+
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import verify_block_file
 from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.layout import Ident
+from kvtiers_fs.pacing import CHUNK, pause
 
 
 class BlockDir:
@@ -105,6 +108,36 @@ class BlockDir:
                                      size) is None
         finally:
             os.close(shard)
+
+    def keys(self, idns: Iterable[Ident]) -> list[bytes]:
+        """The keys of `idns`: the ident itself, or (a long key's hash) the key in its
+        file's header; idents that cannot be named are left out."""
+        out = []
+        for idn in idns:
+            key = layout.key_of(idn)
+            if key is None:
+                key = self.key_from_header(idn)
+            if key is not None:
+                out.append(key)
+        return out
+
+    def records(self, entries: list[tuple[Ident, int]], *,
+                ages: bool) -> tuple[list[BlockRecord], int]:
+        """Inventory records of committed blocks (ident, file bytes), and how many
+        could not be named; with `ages`, each file's mtime (a stat per block)."""
+        records: list[BlockRecord] = []
+        unnamed = 0
+        for n, (idn, size) in enumerate(entries, 1):
+            key = layout.key_of(idn)
+            if key is None:
+                key = self.key_from_header(idn)
+            if key is None:
+                unnamed += 1
+            else:
+                records.append(BlockRecord(key, size, self.stored_at(idn) if ages else None))
+            if n % CHUNK == 0:
+                pause()
+        return records, unnamed
 
     def key_from_header(self, idn: Ident) -> bytes | None:
         """The key a block file names in its header (for hashed idents; None when

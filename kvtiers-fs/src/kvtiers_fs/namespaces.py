@@ -18,10 +18,13 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvtiers.namespace import Namespace
+
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
 
 _log = logging.getLogger("kvtiers.fs")
+NAMESPACE_FILE = "NAMESPACE.json"
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def _describe(root: str, root_fd: int, fingerprint: str, counts: bool) -> Namesp
         return NamespaceInfo(fingerprint, path, error=f"cannot open: {exc.strerror}")
     try:
         try:
-            doc = json.loads(layout.read_small_file("NAMESPACE.json", ns_fd))
+            doc = json.loads(layout.read_small_file(NAMESPACE_FILE, ns_fd))
         except (OSError, ValueError, RecursionError) as exc:
             return NamespaceInfo(fingerprint, path, error=f"no readable NAMESPACE.json: {exc}")
         if not isinstance(doc, dict) or _text(doc.get("model")) is None:
@@ -147,3 +150,32 @@ def _count(ns_fd: int) -> tuple[int | None, int | None]:
             break
         jgen, offset = follow, 0
     return blocks, nbytes
+
+
+def write_namespace_file(ns_fd: int, namespace: Namespace, *, durable: bool,
+                         logger: logging.Logger, where: str) -> None:
+    """NAMESPACE.json of a namespace directory this process opens: written when
+    missing or not a description of this namespace (ours to replace). It is only
+    informational, so a name there that cannot be replaced (a directory) is logged
+    and left."""
+    try:
+        doc = json.loads(layout.read_small_file(NAMESPACE_FILE, ns_fd))
+        if isinstance(doc, dict) and doc.get("fingerprint") == namespace.fingerprint:
+            return
+    except (OSError, ValueError, RecursionError):
+        pass  # missing, unreadable or garbage: rewritten
+    doc = {
+        "fingerprint": namespace.fingerprint,
+        "model": namespace.model,
+        "revision": namespace.revision,
+        "format_version": namespace.format_version,
+        "groups": [asdict(g) for g in namespace.groups],
+        "layout_version": layout.LAYOUT_VERSION,
+        "snapshot_version": jr.SNAP_VERSION,
+    }
+    data = json.dumps(doc, indent=1, sort_keys=True).encode()
+    try:
+        layout.write_small_file(NAMESPACE_FILE, ns_fd, data, durable=durable)
+    except OSError as exc:
+        logger.warning("kvtiers-fs %s: cannot write %s/%s (%s); continuing without it",
+                       where, namespace.fingerprint, NAMESPACE_FILE, exc)

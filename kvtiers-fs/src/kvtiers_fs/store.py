@@ -42,6 +42,12 @@ readers follow the ROTATE without reloading. If the journal or the snapshot is
 damaged (power loss without `durable`), the lock holder rebuilds the index from a
 scan of the block files.
 
+Parts, each with its own state and test: `BlockIndex` (the in-memory index),
+`IndexFiles` (snapshot and journal: load, catch up, rebuild, next snapshot),
+`BlockDir` (operations on block files), `WriterRegistry` (who is alive),
+`Settlement` (what dead writers left), `IntentWaits` (stores waiting for another
+writer). The store owns the locks and the protocol above.
+
 Threads: `contains`, `pin`, `unpin`, `touch` and `stats` are for any thread, the
 scheduler's included: lock-free, O(1) per key (`BlockIndex`). Everything that reads
 or appends the journal runs on I/O, probe, wait or rotation threads under `_mu`
@@ -56,31 +62,30 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 
 from kvtiers.clock import Clock
-from kvtiers.inventory import BlockRecord, NamespaceInventory
+from kvtiers.inventory import NamespaceInventory
 from kvtiers.namespace import Namespace
 from kvtiers.policies.base import EvictionPolicy
 
-from kvtiers_fs import generations as gens
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
 from kvtiers_fs.blockdir import BlockDir
 from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.generations import Journal
 from kvtiers_fs.index import BlockIndex
+from kvtiers_fs.indexfiles import IndexFiles
 from kvtiers_fs.journal import Record
 from kvtiers_fs.layout import Ident
-from kvtiers_fs.pacing import CHUNK, pause
-from kvtiers_fs.recovery import Settlement, rebuild_records
+from kvtiers_fs.namespaces import write_namespace_file
+from kvtiers_fs.pacing import CHUNK
+from kvtiers_fs.recovery import Settlement
 from kvtiers_fs.verdict import Verdict
 from kvtiers_fs.waits import ABSENT, COMMITTED, PENDING, IntentWaits
 from kvtiers_fs.writers import WriterRegistry, new_writer_id
@@ -133,7 +138,6 @@ class RootStore:
         self.ns_fd = self.blocks_fd = self._writers_fd = self._lock_fd = -1
         self.evictions = 0
         self.recycled = 0  # evicted files reused as new blocks' files
-        self.reloads = 0
         self.rotations = 0
         self.waited = 0  # stores that waited for another intent on their block
         self._opened = False
@@ -149,51 +153,26 @@ class RootStore:
             self.ns_fd = layout.open_dir(self.fingerprint, root_fd, create=True)
         finally:
             os.close(root_fd)
-        self._write_namespace_file()
+        write_namespace_file(self.ns_fd, self.namespace, durable=self.durable,
+                             logger=self._log, where=self.root)
         self.blocks_fd = layout.open_dir("blocks", self.ns_fd, create=True)
         self._writers_fd = layout.open_dir("writers", self.ns_fd, create=True)
         self._lock_fd = layout.open_file("lock", self.ns_fd, os.O_RDWR | os.O_CREAT)
-        self._journal = Journal(self.ns_fd, self._errors, self.durable)
         self.blocks = BlockDir(self.blocks_fd, self.fingerprint, self._errors)
         self.writers = WriterRegistry(self._writers_fd, self.writer)
         self.writers.register()
+        self.files = IndexFiles(root=self.root, ns_fd=self.ns_fd, blocks_fd=self.blocks_fd,
+                                index=self.index, writers=self.writers, flock=self._flock,
+                                errors=self._errors, logger=self._log, durable=self.durable)
+        self._journal = self.files.journal
         self._settlement = Settlement(self.index, self.blocks, self.writers, self._commit_frame,
                                       self._errors, self._log, self.root)
         with self._mu:
-            self._load(have_lock=False)
+            self.files.load(have_lock=False)
             with self._locked():
                 self.writers.sweep(self.index.writers_with_state())
                 self._settlement.reconcile()
         self._opened = True
-
-    def _write_namespace_file(self) -> None:
-        """NAMESPACE.json, for `list_namespaces`: written when missing or not a
-        description of this namespace (it is ours to replace); informational only,
-        so a name there that cannot be replaced (a directory) is logged and left."""
-        try:
-            doc = json.loads(layout.read_small_file(NAMESPACE_FILE, self.ns_fd))
-            if isinstance(doc, dict) and doc.get("fingerprint") == self.fingerprint:
-                return
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, RecursionError):
-            pass
-        ns = self.namespace
-        doc = {
-            "fingerprint": self.fingerprint,
-            "model": ns.model,
-            "revision": ns.revision,
-            "format_version": ns.format_version,
-            "groups": [asdict(g) for g in ns.groups],
-            "layout_version": layout.LAYOUT_VERSION,
-            "snapshot_version": jr.SNAP_VERSION,
-        }
-        data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        try:
-            layout.write_small_file(NAMESPACE_FILE, self.ns_fd, data, durable=self.durable)
-        except OSError as exc:
-            self._log.warning("kvtiers-fs %s: cannot write %s/%s (%s); continuing without it",
-                              self.root, self.fingerprint, NAMESPACE_FILE, exc)
 
     def close(self) -> None:
         """End waits (`CLOSED`), finish a snapshot being written, flush touches,
@@ -257,7 +236,7 @@ class RootStore:
     def sync(self) -> None:
         """Read what other writers appended (no lock needed to read)."""
         with self._mu:
-            self._catch_up(locked=False)
+            self.files.catch_up(locked=False)
             self.index.drain()
             self._report_removed()
 
@@ -422,18 +401,7 @@ class RootStore:
         with self._mu:
             entries = [e for piece in self.index.entries() for e in piece]
             pending = self.index.pending_items()
-        records: list[BlockRecord] = []
-        unnamed = 0
-        for n, (idn, size) in enumerate(entries):
-            key = layout.key_of(idn)
-            if key is None:
-                key = self.blocks.key_from_header(idn)
-            if key is None:
-                unnamed += 1
-                continue
-            records.append(BlockRecord(key, size, self.blocks.stored_at(idn) if ages else None))
-            if n % CHUNK == CHUNK - 1:
-                pause()
+        records, unnamed = self.blocks.records(entries, ages=ages)
         return NamespaceInventory(
             self.fingerprint, self.root, tuple(records),
             committed_bytes=sum(s for _, s in entries),
@@ -457,7 +425,7 @@ class RootStore:
         queued records and buffered touches appended first."""
         with self._mu:
             with self._flock():
-                self._catch_up(locked=True)
+                self.files.catch_up(locked=True)
                 self.index.drain()
                 if self._outbox:
                     out, self._outbox = self._outbox, []
@@ -497,157 +465,11 @@ class RootStore:
         idns = self.index.take_removed()
         if not idns or self._on_removed is None:
             return
-        keys = [k for k in (layout.key_of(i) or self.blocks.key_from_header(i) for i in idns)
-                if k is not None]
+        keys = self.blocks.keys(idns)
         try:
             self._on_removed(keys)
         except Exception as exc:  # noqa: BLE001 - a listener's bug is not the store's
             self._errors.record("events", exc)
-
-    def _catch_up(self, *, locked: bool) -> None:
-        """Apply every complete frame after our offset, in pieces. Holding the lock,
-        also cut a torn tail, finish a rotation whose writer died half way, notice a
-        rebuild, and rebuild a damaged journal."""
-        restarts = 0
-        applied = 0
-        while True:
-            try:
-                tail = self._journal.read()
-            except jr.JournalCorrupt as exc:
-                if not locked:
-                    return  # the next lock holder deals with it
-                self._log.error("kvtiers-fs %s: %s; rebuilding the index from the block files",
-                                self.root, exc)
-                self._rebuild()
-                restarts += 1
-                continue
-            switch = None
-            for records in tail.frames:
-                switch = self.index.apply(records)
-                if switch is not None:
-                    break
-                applied += len(records)
-                if applied >= CHUNK:
-                    applied = 0
-                    pause()
-            if tail.frames:
-                pause()  # a piece read and applied
-            if switch is not None:
-                restarts += 1
-                if restarts > 100:
-                    raise OSError(errno.EIO, "the journal keeps changing under us")
-                op, gen = switch
-                if not (op == jr.ROTATE and self._journal.follow(gen)):
-                    self._load(have_lock=locked)
-                continue
-            self._journal.offset = tail.offset
-            if tail.frames and not tail.torn and tail.offset < self._journal.size():
-                continue  # more to read
-            if locked:
-                if tail.torn:
-                    self._journal.cut()  # a dead writer's torn append
-                if gens.exists(self.ns_fd, jr.snapshot_name(self._journal.gen + 1)):
-                    restarts += 1
-                    if restarts > 100:
-                        raise OSError(errno.EIO, "the journal keeps changing under us")
-                    self._finish_dead_rotation()
-                    continue
-            return
-
-    def _finish_dead_rotation(self) -> None:
-        """snapshot.<g+1> exists but journal.<g> has no ROTATE (lock held): its writer
-        died half way. A rotation of this journal is finished (ROTATE appended);
-        anything else (a rebuild's snapshot) is reloaded."""
-        new = self._journal.gen + 1
-        try:
-            head = gens.read_snapshot(self.ns_fd, new)
-        except (OSError, ValueError):
-            head = None
-        if head is not None and head.base_gen == self._journal.gen \
-                and head.base_offset <= self._journal.offset:
-            if not gens.exists(self.ns_fd, jr.journal_name(new)):
-                gens.create_journal(self.ns_fd, new)
-            self._journal.append([Record(jr.ROTATE, self.writer, new, b"")])
-            if self._journal.follow(new):
-                return
-        self._load(have_lock=True)
-
-    def _load(self, *, have_lock: bool) -> None:
-        """Replace the in-memory index by the newest snapshot plus its journal."""
-        self.reloads += 1
-        for _ in range(20):
-            gen, _highest = gens.generations(self.ns_fd)
-            if gen is None:
-                with self._maybe_flock(have_lock):
-                    if gens.generations(self.ns_fd)[0] is None:
-                        self._rebuild(first=True)
-                        return
-                continue
-            try:
-                snap = gens.read_snapshot(self.ns_fd, gen)
-                jfd = layout.open_file(jr.journal_name(snap.base_gen), self.ns_fd, os.O_RDWR)
-            except FileNotFoundError:
-                with self._maybe_flock(have_lock):
-                    if gens.generations(self.ns_fd)[0] == gen:
-                        self._rebuild()  # a generation without its journal
-                        return
-                continue
-            except (ValueError, OSError) as exc:
-                self._log.error("kvtiers-fs %s: %s is unusable (%s); rebuilding the index "
-                                "from the block files", self.root, jr.snapshot_name(gen), exc)
-                with self._maybe_flock(have_lock):
-                    if gens.generations(self.ns_fd)[0] == gen:
-                        self._rebuild()
-                        return
-                continue
-            if snap.base_offset > os.fstat(jfd).st_size:
-                os.close(jfd)
-                self._log.error("kvtiers-fs %s: %s is shorter than its snapshot says; "
-                                "rebuilding the index", self.root, jr.journal_name(snap.base_gen))
-                with self._maybe_flock(have_lock):
-                    self._rebuild()
-                return
-            self.index.install(jr.raw_records(snap.body), report=self.reloads > 1)
-            self._journal.switch(jfd, snap.base_gen, snap.base_offset)
-            self._catch_up(locked=have_lock)
-            return
-        raise OSError(errno.EIO, f"cannot load the index of {self.root}")
-
-    @contextmanager
-    def _maybe_flock(self, have_lock: bool) -> Iterator[None]:
-        if have_lock:
-            yield
-        else:
-            with self._flock():
-                yield
-
-    def _rebuild(self, first: bool = False) -> None:
-        """Index every complete block file, drop dead writers' temporary files, and
-        start a new generation (lock held)."""
-        own = {i: p for i, p in self.index.pending.items() if p[0] == self.writer}
-        recs, blocks, nbytes = rebuild_records(self.blocks_fd, self.writers, own)
-        _, highest = gens.generations(self.ns_fd)
-        gen = max(highest, self._journal.gen) + 1
-        gens.create_journal(self.ns_fd, gen)
-        tmp = gens.snapshot_tmp_name(gen, self.writer)
-        layout.unlink_quiet(tmp, self.ns_fd)
-        data = jr.pack_snapshot(gen, recs, blocks, nbytes)
-        layout.write_small_file(jr.snapshot_name(gen), self.ns_fd, data, durable=self.durable)
-        if self._journal.fd >= 0:
-            with contextlib.suppress(OSError):  # tell readers of the old journal to reload
-                self._journal.append([Record(jr.RELOAD, self.writer, gen, b"")])
-        jfd = layout.open_file(jr.journal_name(gen), self.ns_fd, os.O_RDWR)
-        self.index.install(((r.op, len(r.ident), r.writer, r.size, r.ident) for r in recs),
-                           report=not first)
-        self._journal.switch(jfd, gen, 0)
-        self._remove_old(gen)
-        if not first or blocks:
-            self._log.warning("kvtiers-fs %s: index rebuilt from %d block files", self.root,
-                              blocks)
-
-    def _remove_old(self, gen: int) -> None:
-        dead = [w for w in gens.snapshot_tmp_writers(self.ns_fd) if self.writers.is_dead(w)]
-        gens.remove_old(self.ns_fd, gen, dead, self._errors)
 
     # -- rotation -------------------------------------------------------------------
 
@@ -678,35 +500,16 @@ class RootStore:
         then, under the lock, rename it into place and append ROTATE. Its readers
         replay journal.<g> from X. False if not needed, or someone else rotated."""
         with self._mu:
-            self._catch_up(locked=False)
+            self.files.catch_up(locked=False)
             self.index.drain()
-            jgen, offset = self._journal.gen, self._journal.offset
-            if offset < self._threshold(min_bytes):
+            if self._journal.offset < self._threshold(min_bytes):
                 return False
-            new = jgen + 1
-            tmp = gens.snapshot_tmp_name(new, self.writer)
-            layout.unlink_quiet(tmp, self.ns_fd)
-            index = self.index
-            gens.write_snapshot(self.ns_fd, tmp, new, index.entries(), index.pending_items(),
-                                index.last_delete_items(), blocks=index.blocks,
-                                nbytes=index.committed_bytes(), base_gen=jgen,
-                                base_offset=offset, durable=self.durable)
-        done = False
+            tmp, jgen, _ = self.files.write_next_snapshot()
         try:
             with self._locked(rotate=False):
-                if self._journal.gen == jgen and not gens.exists(self.ns_fd,
-                                                                 jr.snapshot_name(new)):
-                    gens.create_journal(self.ns_fd, new)
-                    os.rename(tmp, jr.snapshot_name(new), src_dir_fd=self.ns_fd,
-                              dst_dir_fd=self.ns_fd)
-                    if self.durable:
-                        os.fsync(self.ns_fd)
-                    self._journal.append([Record(jr.ROTATE, self.writer, new, b"")])
-                    self._journal.follow(new)
-                    self._remove_old(new)
-                    self.rotations += 1
-                    done = True
-        finally:
-            if not done:
-                layout.unlink_quiet(tmp, self.ns_fd)
+                done = self.files.install_next_snapshot(tmp, jgen)
+        except BaseException:
+            layout.unlink_quiet(tmp, self.ns_fd)
+            raise
+        self.rotations += done
         return done
