@@ -136,6 +136,35 @@ def stop_while_writing(root: str, keys: list[bytes], block_bytes: int, log_path:
     tier.close()
 
 
+def die_while_rotating(root: str, keys: list[bytes], block_bytes: int, ready: Any) -> None:
+    """Store `keys`, then rotate the journal and SIGKILL this process at the moment
+    it would append the ROTATE record (its new snapshot is in place by then)."""
+    import signal
+
+    import kvtiers_fs.generations as generations
+    import kvtiers_fs.journal as jr
+    import kvtiers_fs.store as store_mod
+
+    ctx = context(block_bytes, len(keys), clock=time.monotonic)
+    tier = open_tier(ctx, root, 1000)
+    for slot, key in enumerate(keys):
+        ctx.pool.block(slot)[:] = block_data(key, block_bytes)
+    tier.submit_store(TransferJob(next(_ids), keys, list(range(len(keys)))))
+    while not tier.get_finished_jobs():
+        time.sleep(0.001)
+    real = generations.Journal.append
+
+    def append(self: Any, records: Any) -> None:
+        if records and records[0].op == jr.ROTATE:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(self, records)
+
+    generations.Journal.append = append  # type: ignore[method-assign]
+    store_mod.ROTATE_FACTOR = 0
+    ready.put(True)
+    tier.stores[0]._rotate(0)
+
+
 def read_log(path: str) -> list[bytes]:
     """Keys a writer logged; a line cut by a kill is ignored."""
     try:
