@@ -227,8 +227,8 @@ class BlockIO:
 
         A file that fails verification is CORRUPT only if `path` still names it
         afterwards. Otherwise the block was evicted while we read - by another
-        process, whose eviction may hand the file to a new block (`RootStore.
-        _recycle`) - and the answer is MISSING: nothing to count, nothing to delete."""
+        process, whose eviction may hand the file to a new block (`BlockDir.
+        recycle`) - and the answer is MISSING: nothing to count, nothing to delete."""
         header, tail = _pages()
         try:
             st = os.fstat(fd)
