@@ -15,10 +15,12 @@ Two kinds of caller, and what each may do:
   (`install`), iterates it (`entries`, `pending_items`). It applies the queued
   operations first (`drain`), so an eviction always sees every pin queued before it.
 
-Committed blocks live in `sizes` (an ordered dict: ident -> file bytes, least
-recently used first; it answers `contains`, gives sizes, and is the order written
-to snapshots) and in the policy (which chooses victims). Pins are counted here
-(the policy's `pin` is a flag): a block stays pinned while any load holds it.
+Committed blocks live in `sizes` (a dict: ident -> file bytes, least recently
+used first - a use takes the entry out and puts it back at the end; it answers
+`contains`, gives sizes, and is the order written to snapshots; a lookup that
+falls between the two halves of a use answers a harmless MISS) and in the policy
+(which chooses victims). Pins are counted here (the policy's `pin` is a flag): a
+block stays pinned while any load holds it.
 
 Removals of committed blocks (evicted, dropped, removed by another process) are
 collected for `take_removed`, so that the store can report them.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import cast
 
 from kvtiers.policies.base import EvictionPolicy
@@ -48,7 +51,9 @@ class BlockIndex:
     def __init__(self, policy_factory: Callable[[], EvictionPolicy]):
         self._policy_factory = policy_factory
         self.policy: EvictionPolicy = policy_factory()
-        self.sizes: OrderedDict[Ident, int] = OrderedDict()
+        # A plain dict keeps insertion order; a use moves a block to the end by
+        # taking it out and back in (half the memory of an OrderedDict).
+        self.sizes: dict[Ident, int] = {}
         self.pending: dict[Ident, tuple[int, int]] = {}  # ident -> (writer, file bytes)
         self.last_deletes: dict[int, list[Ident]] = {}
         self.usage = 0  # committed + pending bytes, every writer's
@@ -111,7 +116,7 @@ class BlockIndex:
                     policy.unpin(idn)
             elif idn in sizes:
                 policy.touch(idn)
-                sizes.move_to_end(idn)
+                sizes[idn] = sizes.pop(idn)
                 touched[idn] = None
                 touched.move_to_end(idn)
         while len(touched) > MAX_BUFFERED_TOUCHES:
@@ -221,7 +226,7 @@ class BlockIndex:
             elif op == jr.TOUCH:
                 if idn in sizes:
                     self.policy.touch(idn)
-                    sizes.move_to_end(idn)
+                    sizes[idn] = sizes.pop(idn)
             elif op == jr.GONE:
                 self.last_deletes.pop(r.size, None)
             elif op in (jr.ROTATE, jr.RELOAD):
@@ -236,28 +241,29 @@ class BlockIndex:
         built aside in pieces and swapped in; pins carry over. With `report`, blocks
         that the new index lacks count as removed."""
         policy = self._policy_factory()
-        sizes: OrderedDict[Ident, int] = OrderedDict()
+        sizes: dict[Ident, int] = {}
         pending: dict[Ident, tuple[int, int]] = {}
         lastdel: dict[int, list[Ident]] = {}
         usage = 0
         entry, add, lastdel_op = jr.ENTRY, jr.ADD, jr.LASTDEL
-        insert, size_of = policy.insert, self._size
-        for n, (op, length, writer, size, raw) in enumerate(records, 1):  # a million times
-            idn = raw[:length]
-            if op == entry:
-                if idn not in sizes:
-                    size = size_of(size)
-                    sizes[idn] = size
-                    insert(idn, size)
-                    usage += size
-            elif op == add:
-                if idn not in pending and idn not in sizes:
-                    pending[idn] = (writer, size)
-                    usage += size
-            elif op == lastdel_op:
-                lastdel.setdefault(writer, []).append(idn)
-            if n % CHUNK == 0:
-                pause()
+        insert, interned = policy.insert, self._sizes_cache
+        it = iter(records)
+        while piece := list(islice(it, CHUNK)):  # a million records at start-up: lean
+            for op, length, writer, size, raw in piece:
+                idn = raw[:length]
+                if op == entry:
+                    if idn not in sizes:
+                        size = interned.setdefault(size, size)
+                        sizes[idn] = size
+                        insert(idn, size)
+                        usage += size
+                elif op == add:
+                    if idn not in pending and idn not in sizes:
+                        pending[idn] = (writer, size)
+                        usage += size
+                elif op == lastdel_op:
+                    lastdel.setdefault(writer, []).append(idn)
+            pause()
         self.drain()
         for idn in self._pins:
             if idn in sizes:
@@ -266,8 +272,8 @@ class BlockIndex:
         self.policy, self.sizes, self.pending, self.last_deletes, self.usage = (
             policy, sizes, pending, lastdel, usage)
         if report and old:
-            for piece in chunks(old):
-                self._removed.extend(i for i in piece if i not in sizes)
+            for gone in chunks(old):
+                self._removed.extend(i for i in gone if i not in sizes)
 
     def entries(self) -> Iterator[list[tuple[Ident, int]]]:
         """Committed blocks, least recently used first, in pieces (with pauses in
