@@ -21,7 +21,10 @@ $(STAMP): requirements-dev.txt $(DISTS)
 
 setup: $(STAMP)
 
+# The test command: lint (ruff, mypy strict), then the whole suite.
 test: setup
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy $(TYPED_PATHS)
 	$(BIN)/python -m pytest -q tests
 
 bench: setup
