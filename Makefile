@@ -34,7 +34,7 @@ bench: setup
 # and on the example tiers docs/plugins.md shows (what authors copy must type-check).
 LINT_PATHS := kvtiers-core kvtiers-fs tests bench examples
 TYPED_PATHS := kvtiers-core/src kvtiers-fs/src examples/kvtiers-scratch/src \
-	examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src
+	examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src examples/embedding
 
 lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)

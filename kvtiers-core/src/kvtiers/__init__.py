@@ -4,7 +4,15 @@ The top level re-exports the contracts that tiers and engines import. It must st
 free of torch: the CLI, config and plugin listing start fast, and the scheduler side
 and every tier run where torch is not installed (it is the extra `kvtiers-core[torch]`,
 for the worker side and the bench).
+
+What an engine embedding kvtiers needs (docs/engines.md) is reachable from here too,
+imported on first use so that `import kvtiers` stays light: `load_config`,
+`build_manager`, `TieringOffloadingManager`, `OffloadEvent`, `CpuPool` (the shared pool
+and its `view`), `prefix_block_hashes`, and the worker side's `DeviceSwapper` and
+`KVLayout` (those two need torch when built, not when imported).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from kvtiers.errors import ConfigError, KvtiersError, MissingExtraError, PluginError
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
@@ -16,7 +24,39 @@ from kvtiers.pool_view import PoolView
 from kvtiers.stats import TierStats
 from kvtiers.tier import CONTRACT_VERSION, SecondaryTier, TierContext
 
+if TYPE_CHECKING:
+    from kvtiers.config.loader import load_config
+    from kvtiers.hashing import prefix_block_hashes
+    from kvtiers.manager import OffloadEvent, TieringOffloadingManager
+    from kvtiers.manager.build import build_manager
+    from kvtiers.pool import CpuPool
+    from kvtiers.swap import DeviceSwapper, KVLayout
+
 __version__ = "0.1.0"
+
+# name -> the module that defines it, imported when the name is first used.
+_LAZY = {
+    "CpuPool": "kvtiers.pool",
+    "DeviceSwapper": "kvtiers.swap",
+    "KVLayout": "kvtiers.swap",
+    "OffloadEvent": "kvtiers.manager",
+    "TieringOffloadingManager": "kvtiers.manager",
+    "build_manager": "kvtiers.manager.build",
+    "load_config": "kvtiers.config.loader",
+    "prefix_block_hashes": "kvtiers.hashing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvtiers' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -24,20 +64,28 @@ __all__ = [
     "BlockGeometry",
     "BlockKey",
     "ConfigError",
+    "CpuPool",
+    "DeviceSwapper",
     "FailureReason",
     "JobResult",
+    "KVLayout",
     "KvtiersError",
     "LookupResult",
     "MissingExtraError",
     "Namespace",
+    "OffloadEvent",
     "ParentManager",
     "PluginError",
     "PoolView",
     "SecondaryTier",
     "TierContext",
     "TierStats",
+    "TieringOffloadingManager",
     "TransferJob",
     "__version__",
+    "build_manager",
     "key_group",
+    "load_config",
     "make_key",
+    "prefix_block_hashes",
 ]
