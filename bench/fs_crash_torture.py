@@ -129,9 +129,18 @@ def main() -> None:
     if unknown:
         p.error(f"unknown mode(s) {sorted(unknown)}; allowed: {', '.join(MODES)}")
     store_mod.ROTATE_MIN_BYTES = 8192  # journal rotations happen during the run too
+    machine = f"{platform.node()}: {platform.machine()}, {multiprocessing.cpu_count()} cores, " \
+              f"Python {platform.python_version()}"
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kvfs-torture-", dir=args.dir or "/var/tmp") as d, \
             Progress(disable=not sys.stderr.isatty()) as progress:
-        rows = [torture(m, args.cycles, Path(d), args.seed, progress) for m in modes]
+        for m in modes:
+            rows.append(torture(m, args.cycles, Path(d), args.seed, progress))
+            # Written after every mode: a long run stopped later keeps what it finished.
+            out.write_text(json.dumps({"command": " ".join(sys.argv), "machine": machine,
+                                       "runs": rows}, indent=1) + "\n")
     print(f"{'mode':>6} {'cycles':>7} {'seconds':>8} {'reported stored':>16} "
           f"{'verified':>9} {'waited':>7}")
     for r in rows:
@@ -141,13 +150,7 @@ def main() -> None:
               f"{'-' if reported is None else str(reported) + ' (all found)':>16} "
               f"{r['blocks_verified']:>9} {waited:>7}")
     print("all checks passed after every restart")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    machine = f"{platform.node()}: {platform.machine()}, {multiprocessing.cpu_count()} cores, " \
-              f"Python {platform.python_version()}"
-    Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "machine": machine,
-                                           "runs": rows}, indent=1) + "\n")
     print("wrote", args.json)
-
 
 if __name__ == "__main__":
     main()
