@@ -254,8 +254,11 @@ def loaded_rate(swap: DeviceSwapper, runner: Runner, mm: Matmul, method: str | N
     t0 = time.perf_counter()
     inflight: set[int] = set()
     half_p, half_s = pages // 2, slots // 2
+    # 128 blocks in flight whatever the job size (4 jobs of 32 blocks before issue 17,
+    # which left small jobs waiting on this loop's polling rather than on the link).
+    depth = max(4, 128 // max(1, blocks))
     while not end.query():  # type: ignore[no-untyped-call]
-        while len(inflight) < 4:
+        while len(inflight) < depth:
             js, ps, ss = runner.job(blocks, (0, half_p), (0, half_s))
             jl, pl, sl = runner.job(blocks, (half_p, pages), (half_s, slots))
             runner.submit("store", js, ps, ss, method)

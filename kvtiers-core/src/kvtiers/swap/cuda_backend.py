@@ -1,6 +1,6 @@
-"""The swapper on a CUDA device: its own streams (one for stores, one for loads, so
-the two directions overlap), completion by events, one native call per job (per
-staging chunk for `staged`), never a Python loop over blocks.
+"""The swapper on a CUDA device: its own streams (per direction, so the two overlap),
+completion by events, a few driver calls per job (per staging chunk for `staged`),
+never a Python loop over blocks.
 
 Methods (see `kvtiers.swap.methods` for how one is chosen per job):
 
@@ -9,9 +9,9 @@ Methods (see `kvtiers.swap.methods` for how one is chosen per job):
 - `kernel`: the copy kernel with a small grid, straight between GPU pages and the
   pool's mapped pinned memory. For small fragments; costs `kernel_grid` CTAs.
 - `staged`: a full-grid copy kernel gathers the job's fragments into a GPU staging
-  buffer in canonical order (or scatters them out of it), and one
-  `cuMemcpyBatchAsync` moves each block's part as one run. The kernel runs at HBM
-  speed for a few percent of the transfer time; the link sees only large copies.
+  region in canonical order (or scatters them out of it), and one
+  `cuMemcpyBatchAsync` moves each block's part as one run; kernels and copies run on
+  two streams through a ring of regions (`kvtiers.swap.staging`), so they overlap.
   Costs `staging_bytes` of GPU memory per direction, allocated up front.
 
 Host time per job is what limits small jobs (a 16-block job moves in ~0.6 ms), so
@@ -36,12 +36,20 @@ import torch
 
 from kvtiers.pool_pinning import registration_chunks
 from kvtiers.swap.cuda_driver import FLAG_PREFER_OVERLAP_WITH_COMPUTE, CudaDriver
-from kvtiers.swap.cuda_resources import Descriptors, EventPool, HostTables, Table, TritonKernel
+from kvtiers.swap.cuda_resources import (
+    Descriptors,
+    EventPool,
+    Group,
+    HostTables,
+    Table,
+    TritonKernel,
+)  # fmt: skip
 from kvtiers.swap.job import Job
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.methods import DMA, KERNEL, STAGED, MethodPolicy
-from kvtiers.swap.plan import LOAD, STORE, Runs, split_at_boundaries
+from kvtiers.swap.plan import LOAD, STORE
 from kvtiers.swap.planner import GroupPlanner, coalesce_arrays
+from kvtiers.swap.staging import StagingRing
 
 log = logging.getLogger(__name__)
 
@@ -58,30 +66,6 @@ class CudaOptions:
     dma_flags: int = FLAG_PREFER_OVERLAP_WITH_COMPUTE
     wait_for_compute: bool = True
     use_nvrtc: bool = True  # False: the Triton kernel (diagnostics, fallback tests)
-
-
-@dataclass
-class _Group:
-    layout: KVLayout
-    pool: torch.Tensor
-    slot_bytes: int
-    host_base: int  # the pool's host address
-    mapped_base: int | None  # its device address when mapped
-    planner: GroupPlanner
-    kernel_ok: bool  # every fragment is in whole 8-byte words
-    # (offset of the first registration edge from host_base, registration step), when
-    # the pool was registered in chunks: no DMA may span two registrations.
-    chunks: tuple[int, int] | None = None
-
-    def cut(
-        self, engine: np.ndarray, buffer: np.ndarray, length: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Runs (buffer offsets from host_base) cut at the pool's registration edges
-        (a no-op for one registration)."""
-        if self.chunks is None:
-            return engine, buffer, length
-        r = split_at_boundaries(Runs(np.zeros_like(length), engine, buffer, length), *self.chunks)
-        return r.engine, r.buffer, r.length
 
 
 class CudaBackend:
@@ -102,7 +86,7 @@ class CudaBackend:
         self._policy = policy
         self._driver = CudaDriver(self._index)
         self._driver.ensure_context()
-        self._groups: list[_Group] = []
+        self._groups: list[Group] = []
         for layout, pool in groups:
             if not pool.is_pinned():
                 raise ValueError(
@@ -115,7 +99,7 @@ class CudaBackend:
             reg = registration_chunks(host)
             chunks = None if reg is None else (reg[0] - host, reg[1])
             planner = GroupPlanner(layout, layout.region_addresses)
-            self._groups.append(_Group(
+            self._groups.append(Group(
                 layout, pool, pool.shape[1], host, mapped, planner, word_ok, chunks,
             ))  # fmt: skip
         self._kernel = self._load_kernel()
@@ -133,13 +117,14 @@ class CudaBackend:
             for d in (STORE, LOAD)
         }
         self._handles = {d: int(s.cuda_stream) for d, s in self._streams.items()}
-        self._staging: dict[str, torch.Tensor] = {}
+        self._staging: dict[str, StagingRing] = {}
         if STAGED in self.available and options.staging_bytes > 0:
+            block = max(g.layout.rank_bytes for g in self._groups)
             for d in (STORE, LOAD):
-                self._staging[d] = torch.empty(
-                    options.staging_bytes, dtype=torch.uint8, device=device
+                self._staging[d] = StagingRing(
+                    self._driver, device, options.staging_bytes, options.stream_priority, block
                 )
-        self._stage_cache: dict[tuple[int, str], np.ndarray] = {}
+        self._stage_cache: dict[tuple[int, str, int], np.ndarray] = {}
         self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         self._pending: deque[Job] = deque()
         self._tables = HostTables(self._driver)
@@ -177,38 +162,49 @@ class CudaBackend:
     # ---------------------------------------------------------------- contract
 
     def submit(self, job: Job, method: str) -> None:
-        """Queue the job's copies on its direction's stream (behind the caller's
+        """Queue the job's copies on its direction's streams (behind the caller's
         current stream's work when `wait_for_compute`) and return."""
         g = self._groups[job.group]
         direction = job.direction
-        stream = self._handles[direction]
         check = job.check
         drv = self._driver
         keep: list[object] = []
         tables: list[Table] = []
         drv.ensure_context()
         start, end = self._events.take(), self._events.take()
+        layout = g.layout
+        pool_offsets = check.slots * g.slot_bytes + self._rank * layout.rank_bytes
+        n_runs = len(pool_offsets) * layout.runs_per_block
+        copy = self._handles[direction]
+        first = last = copy
         try:
+            method = self._policy.choose(method, n_runs, job.nbytes)
+            job.method = method
+            if method == STAGED:  # the chain starts and ends on the kernel stream
+                ring = self._staging[direction]
+                first, last = (ring.kernel_stream, copy) if direction == STORE else (
+                    copy, ring.kernel_stream)  # fmt: skip
             if self._opt.wait_for_compute:
                 drv.event_record(self._fence, self._current_stream())
-                drv.stream_wait_event(stream, self._fence)
-            drv.event_record(start, stream)
+                drv.stream_wait_event(first, self._fence)
+            if method != STAGED:  # `_staged` records it at its first copy
+                drv.event_record(start, first)
             try:
-                layout = g.layout
-                pool_offsets = check.slots * g.slot_bytes + self._rank * layout.rank_bytes
-                n_runs = len(pool_offsets) * layout.runs_per_block
-                method = self._policy.choose(method, n_runs, job.nbytes)
-                job.method = method
                 if method == DMA:
-                    self._dma(g, check.pages, pool_offsets, direction, stream)
+                    self._dma(g, check.pages, pool_offsets, direction, copy)
                 elif method == KERNEL:
-                    self._small_kernel(g, check.pages, pool_offsets, direction, stream, keep,
+                    self._small_kernel(g, check.pages, pool_offsets, direction, copy, keep,
                                        tables)  # fmt: skip
                 else:
-                    self._staged(g, check.pages, pool_offsets, direction, stream, tables)
+                    self._staged(g, check.pages, pool_offsets, direction, tables, start)
+            except Exception:
+                if first != last:  # what was queued on `first` must end before `end`
+                    drv.event_record(self._fence, first)
+                    drv.stream_wait_event(last, self._fence)
+                raise
             finally:
                 # Always: the job is only reported once whatever was queued ran.
-                drv.event_record(end, stream)
+                drv.event_record(end, last)
         except Exception as e:
             log.warning("swap job %s (%s) failed to queue: %r", job.job_id, method, e)
             job.error = f"{type(e).__name__}: {e}"
@@ -258,7 +254,7 @@ class CudaBackend:
         return int(torch.cuda.current_stream(self.device).cuda_stream)
 
     def _dma(
-        self, g: _Group, pages: np.ndarray, pool_offsets: np.ndarray, direction: str, stream: int
+        self, g: Group, pages: np.ndarray, pool_offsets: np.ndarray, direction: str, stream: int
     ) -> None:
         engine, buffer, length = g.cut(*plan_runs(g.planner, pages, pool_offsets))
         to_host = direction == STORE
@@ -278,7 +274,7 @@ class CudaBackend:
 
     def _small_kernel(
         self,
-        g: _Group,
+        g: Group,
         pages: np.ndarray,
         pool_offsets: np.ndarray,
         direction: str,
@@ -301,47 +297,68 @@ class CudaBackend:
 
     def _staged(
         self,
-        g: _Group,
+        g: Group,
         pages: np.ndarray,
         pool_offsets: np.ndarray,
         direction: str,
-        stream: int,
         tables: list[Table],
+        start: int,
     ) -> None:
-        staging = self._staging[direction]
-        base = staging.data_ptr()
+        """Chunks of the job through the staging ring (see `kvtiers.swap.staging`).
+        The job's `start` event is recorded on the copy stream as its first copy
+        begins: a job's seconds are its time on the link (gathers of later chunks
+        overlap earlier copies, so the time from the first gather would count the
+        previous job's copies too)."""
+        ring = self._staging[direction]
+        drv = self._driver
         rank_bytes = g.layout.rank_bytes
-        per = len(staging) // rank_bytes
+        per = ring.blocks_per_region(rank_bytes)
         grid = self._opt.staged_grid or 4 * self._sm_count
-        to_host = direction == STORE
+        copy, kern = self._handles[direction], ring.kernel_stream
         planner = g.planner
-        staged_all = self._staged_addresses(g, direction, base, per)
-        blocks = np.arange(per, dtype=np.int64) * rank_bytes + base
-        for c in range(0, len(pool_offsets), per):  # staging-buffer chunks, not blocks
+        block_index = np.arange(per, dtype=np.int64) * rank_bytes
+        for c in range(0, len(pool_offsets), per):  # staging-region chunks, not blocks
             k = min(per, len(pool_offsets) - c)
+            r = ring.take()
+            staged_all = self._staged_addresses(g, direction, r, ring.bases[r], per)
             engine, _, words = plan_pieces(planner, pages[c : c + k], pool_offsets[:k])
             staged = staged_all[: len(words)]
-            # One run per block between the staging buffer and its slot; consecutive
+            # One run per block between the staging region and its slot; consecutive
             # slots merge into one.
             dev, host, length = g.cut(*coalesce_arrays(
-                blocks[:k], pool_offsets[c : c + k], np.full(k, rank_bytes, np.int64)
+                block_index[:k] + ring.bases[r], pool_offsets[c : c + k],
+                np.full(k, rank_bytes, np.int64),
             ))  # fmt: skip
             host = host + g.host_base
-            # The staged kernel reads its table from pinned mapped memory: a copy to the
-            # device would queue behind the other direction's large copies.
-            if to_host:
+            # The kernel reads its table from pinned mapped memory: a copy to the device
+            # would queue behind the other direction's large copies.
+            if direction == STORE:
                 _, address = self._table(engine, staged, words, tables)
-                self._kernel.launch(address, len(words), grid, stream)
-                self._batch(dev, host, length, True, stream)
+                drv.stream_wait_event(kern, ring.free[r])
+                self._kernel.launch(address, len(words), grid, kern)
+                drv.event_record(ring.ready[r], kern)
+                drv.stream_wait_event(copy, ring.ready[r])
+                if c == 0:
+                    drv.event_record(start, copy)
+                self._batch(dev, host, length, True, copy)
+                drv.event_record(ring.free[r], copy)
             else:
-                self._batch(dev, host, length, False, stream)
+                drv.stream_wait_event(copy, ring.free[r])
+                if c == 0:
+                    drv.event_record(start, copy)
+                self._batch(dev, host, length, False, copy)
+                drv.event_record(ring.ready[r], copy)
                 _, address = self._table(staged, engine, words, tables)
-                self._kernel.launch(address, len(words), grid, stream)
+                drv.stream_wait_event(kern, ring.ready[r])
+                self._kernel.launch(address, len(words), grid, kern)
+                drv.event_record(ring.free[r], kern)
 
-    def _staged_addresses(self, g: _Group, direction: str, base: int, per: int) -> np.ndarray:
-        """Device addresses of every kernel piece of `per` blocks in the staging
-        buffer, in canonical order (the same for every job of the group)."""
-        key = (id(g), direction)
+    def _staged_addresses(
+        self, g: Group, direction: str, region: int, base: int, per: int
+    ) -> np.ndarray:
+        """Device addresses of every kernel piece of `per` blocks in a staging
+        region, in canonical order (the same for every job of the group)."""
+        key = (id(g), direction, region)
         cached = self._stage_cache.get(key)
         if cached is None:
             offsets = np.arange(per, dtype=np.int64) * g.layout.rank_bytes + base

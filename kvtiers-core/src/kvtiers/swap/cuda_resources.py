@@ -1,17 +1,25 @@
-"""What the CUDA backend reuses across jobs: DMA descriptor arrays, timing events,
-pinned kernel tables; and the Triton kernel behind the same `launch` as the NVRTC
-one. Used from the swapper's submitting thread only."""
+"""What the CUDA backend keeps per group and reuses across jobs: DMA descriptor
+arrays, timing events, pinned kernel tables; and the Triton kernel behind the same
+`launch` as the NVRTC one. Used from the swapper's submitting thread only."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from kvtiers.swap.cuda_driver import CudaDriver
+from kvtiers.swap.layout import KVLayout
+from kvtiers.swap.plan import Runs, split_at_boundaries
+from kvtiers.swap.planner import GroupPlanner
 
-__all__ = ["Descriptors", "EventPool", "HostTables", "Table", "TritonKernel"]
+if TYPE_CHECKING:  # imported where used: kvtiers.swap imports without torch
+    import torch
 
-Table = tuple[torch.Tensor, int]
+__all__ = ["Descriptors", "EventPool", "Group", "HostTables", "Table", "TritonKernel"]
+
+Table = tuple["torch.Tensor", int]
 """A pinned, mapped host buffer a copy kernel reads its table from, and its device
 address (see `HostTables`)."""
 
@@ -64,6 +72,8 @@ class HostTables:
             if t.numel() >= n:
                 return self._free.pop(i)
         size = 1 << max(12, (n - 1).bit_length())
+        import torch
+
         t = torch.empty(size, dtype=torch.int64, pin_memory=True)
         address = self._driver.host_device_pointer(t.data_ptr())
         if address is None:
@@ -88,6 +98,8 @@ class TritonKernel:
         self._streams: dict[int, torch.cuda.ExternalStream] = {}
 
     def launch(self, table_address: int, n: int, grid: int, stream: int) -> None:
+        import torch
+
         from kvtiers.swap.triton_copy import launch_table  # Triton: only when used
 
         s = self._streams.get(stream)
@@ -96,3 +108,29 @@ class TritonKernel:
             self._streams[stream] = s
         with torch.cuda.stream(s):
             launch_table(table_address, n, grid, words=self._words, num_warps=self._warps)
+
+
+@dataclass
+class Group:
+    """One KV group as the CUDA backend keeps it."""
+
+    layout: KVLayout
+    pool: torch.Tensor
+    slot_bytes: int
+    host_base: int  # the pool's host address
+    mapped_base: int | None  # its device address when mapped
+    planner: GroupPlanner
+    kernel_ok: bool  # every fragment is in whole 8-byte words
+    # (offset of the first registration edge from host_base, registration step), when
+    # the pool was registered in chunks: no DMA may span two registrations.
+    chunks: tuple[int, int] | None = None
+
+    def cut(
+        self, engine: np.ndarray, buffer: np.ndarray, length: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Runs (buffer offsets from host_base) cut at the pool's registration edges
+        (a no-op for one registration)."""
+        if self.chunks is None:
+            return engine, buffer, length
+        r = split_at_boundaries(Runs(np.zeros_like(length), engine, buffer, length), *self.chunks)
+        return r.engine, r.buffer, r.length
