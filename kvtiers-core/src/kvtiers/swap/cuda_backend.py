@@ -180,7 +180,7 @@ class CudaBackend:
         try:
             method = self._policy.choose(method, n_runs, job.nbytes)
             job.method = method
-            if method == STAGED:  # the chain starts and ends on the kernel stream
+            if method == STAGED:  # a store's chain starts on the kernel stream, a load's ends there
                 ring = self._staging[direction]
                 first, last = (ring.kernel_stream, copy) if direction == STORE else (
                     copy, ring.kernel_stream)  # fmt: skip
@@ -201,6 +201,8 @@ class CudaBackend:
                 if first != last:  # what was queued on `first` must end before `end`
                     drv.event_record(self._fence, first)
                     drv.stream_wait_event(last, self._fence)
+                if method == STAGED:  # `start` may not be recorded yet: a failed job's time
+                    drv.event_record(start, last)
                 raise
             finally:
                 # Always: the job is only reported once whatever was queued ran.
