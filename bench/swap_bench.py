@@ -254,8 +254,11 @@ def loaded_rate(swap: DeviceSwapper, runner: Runner, mm: Matmul, method: str | N
     t0 = time.perf_counter()
     inflight: set[int] = set()
     half_p, half_s = pages // 2, slots // 2
+    # 128 blocks in flight whatever the job size (4 jobs of 32 blocks before issue 17,
+    # which left small jobs waiting on this loop's polling rather than on the link).
+    depth = max(4, 128 // max(1, blocks))
     while not end.query():  # type: ignore[no-untyped-call]
-        while len(inflight) < 4:
+        while len(inflight) < depth:
             js, ps, ss = runner.job(blocks, (0, half_p), (0, half_s))
             jl, pl, sl = runner.job(blocks, (half_p, pages), (half_s, slots))
             runner.submit("store", js, ps, ss, method)
@@ -368,14 +371,19 @@ def cuda_bench(args: argparse.Namespace) -> dict[str, Any]:
                     [runner.timed(direction, n_jobs, job_blocks, fixed) for _ in range(runs)]
                 )
             submit_us = runner.submit_us()
+            # Stores and loads of `job_blocks` blocks each (before issue 17 this row
+            # used jobs of half that size: 64 for the 128-block rows, 8 for the small).
             both = median(
                 [
-                    runner.both(n_jobs, job_blocks // 2 or 1, fixed, pages // 2, slots // 2)
+                    runner.both(n_jobs // 2 or 1, job_blocks, fixed, pages // 2, slots // 2)
                     for _ in range(runs)
                 ]
             )
             gpu_rate = {d: median(v) / 1e9 for d, v in runner.job_rates.items()}
-            extra: dict[str, Any] = {"job_blocks": job_blocks, "submit_us": submit_us, "note": note}
+            extra: dict[str, Any] = {
+                "job_blocks": job_blocks, "submit_us": submit_us,
+                "submit_us_per_block": submit_us / job_blocks, "note": note,
+            }  # fmt: skip
             extra["job_gpu_gbps"] = gpu_rate
             if method == "auto":
                 extra["chose"] = sorted(swap.stats().methods)
@@ -386,9 +394,10 @@ def cuda_bench(args: argparse.Namespace) -> dict[str, Any]:
                 f"      {note} submit {submit_us:.0f} us/job of {job_blocks} blocks; per-job GPU"
                 " GB/s: " + ", ".join(f"{d} {v:.1f}" for d, v in sorted(gpu_rate.items()))
             )
-            if args.no_matmul or job_blocks != blocks or note:
+            if args.no_matmul or (job_blocks != blocks and not args.small_only) or note:
                 return
-            sd = slowdown(swap, runner, mm, fixed, blocks // 4, pages, slots, args.pairs)
+            mm_blocks = job_blocks if args.small_only else blocks // 4
+            sd = slowdown(swap, runner, mm, fixed, mm_blocks, pages, slots, args.pairs)
             log(
                 f"      with matmul: {sd['matmul_tflops']:.0f} vs {sd['matmul_tflops_alone']:.0f}"
                 f" TFLOP/s alone, slowdown {sd['matmul_slowdown'] * 100:5.1f}%, transfers "
@@ -407,12 +416,17 @@ def cuda_bench(args: argparse.Namespace) -> dict[str, Any]:
         fill(ts)
         log(f"{kind}: {layout.describe()}")
         configs: list[tuple[str, int | None, int, dict[str, Any]]] = [("dma", None, blocks, {})]
-        if kind == "layer":
+        if args.small_only:  # issue 17's rows: small jobs, the default method
+            configs = [("auto", None, args.small_job, {})]
+            if kind == "layer":
+                configs.append(("staged", None, args.small_job, {}))
+        elif kind == "layer":
             configs += [("staged", g, blocks, {}) for g in staged_grids]
             configs += [("kernel", g, blocks, {}) for g in grids]
         else:
             configs.append(("kernel", args.kernel_grid, blocks, {}))
-        configs += [("auto", None, blocks, {}), ("auto", None, args.small_job, {})]
+        if not args.small_only:
+            configs += [("auto", None, blocks, {}), ("auto", None, args.small_job, {})]
         if args.diagnose:  # what limits stores and loads running together
             configs += [
                 ("dma", None, blocks, {"note": "dma_flags=0", "dma_flags": 0}),
@@ -491,6 +505,9 @@ def main() -> None:
     ap.add_argument("--kernel-grid", type=int, default=8)
     ap.add_argument("--staged-grids", default="default,132,33", help="staged kernel grids")
     ap.add_argument("--small-job", type=int, default=16, help="blocks per job, small-job rows")
+    ap.add_argument("--small-only", action="store_true",
+                    help="only the small-job rows (with their own matmul check)")  # fmt: skip
+    ap.add_argument("--label", default="", help="a name for this run in the JSON")
     ap.add_argument("--pairs", type=int, default=3, help="alone/loaded matmul pairs")
     ap.add_argument("--diagnose", action="store_true", help="extra configurations")
     ap.add_argument("--matmul-n", type=int, default=8192)
@@ -503,6 +520,9 @@ def main() -> None:
     else:
         result = {"kind": "cuda", **cuda_bench(args)}
     result["args"] = {k: str(v) for k, v in vars(args).items()}
+    import kvtiers.swap
+
+    result["kvtiers_swap_path"] = str(Path(kvtiers.swap.__file__).parent)
     result["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

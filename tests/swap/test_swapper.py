@@ -321,14 +321,16 @@ def test_copy_error_is_an_io_failure(
         import kvtiers.swap.cuda_backend
 
         if device == "cpu":
-            mod, target = kvtiers.swap.cpu_backend.__name__, "copy_runs"
-        else:
-            mod, target = kvtiers.swap.cuda_backend.__name__, "make_runs"
+            targets = [(kvtiers.swap.cpu_backend.__name__, "copy_runs")]
+        else:  # planning fails, whichever method the job takes
+            mod = kvtiers.swap.cuda_backend.__name__
+            targets = [(mod, "plan_runs"), (mod, "plan_pieces")]
 
         def boom(*a: object, **k: object) -> None:
             raise RuntimeError("injected")
 
-        monkeypatch.setattr(f"{mod}.{target}", boom)
+        for mod, target in targets:
+            monkeypatch.setattr(f"{mod}.{target}", boom)
         swap.submit_store(1, [0, 1], [2, 3], keys=[b"x", b"y"])
         r = collect(swap, [1])[1]
         assert r.failed == {b"x": FailureReason.IO, b"y": FailureReason.IO}
@@ -417,3 +419,73 @@ def test_cuda_copies_never_span_two_pool_registrations(
         assert collect(swap, [2])[2].success
         for b in range(12):
             assert torch.equal(eng.page_bytes_of(b).cpu(), t[b, : layout.block_bytes])
+
+
+@pytest.mark.parametrize("kind", ["kv_first", "cross"])
+def test_many_small_jobs_reuse_the_backend_buffers(
+    backend: Backend, kind: str, gen: torch.Generator
+) -> None:
+    """Rounds of small jobs, more than any buffer pool holds at once, each round's
+    stores and loads in flight together: events, kernel tables and DMA descriptor
+    arrays are reused between jobs, and no job may see another's."""
+    device = backend[0]
+    eng = make_engine(kind, device=device, pages=48, layers=4)
+    layout = eng.layout
+    pool = pool_for(layout, 48, gen, device)
+    with swapper_for(backend, layout, pool) as swap:
+        job = 0
+        for _ in range(6):
+            eng.fill_random(gen)
+            known = pool[24:, : layout.block_bytes].clone()
+            ids = []
+            pages = torch.randperm(24, generator=gen).numpy()
+            slots = torch.randperm(24, generator=gen).numpy()
+            load_src = (24 + torch.randperm(24, generator=gen)).numpy()
+            load_dst = (24 + torch.randperm(24, generator=gen)).numpy()
+            for j in range(0, 24, 3):  # 8 stores and 8 loads of 3 blocks
+                swap.submit_store(job, pages[j : j + 3], slots[j : j + 3])
+                swap.submit_load(job + 1, load_src[j : j + 3], load_dst[j : j + 3])
+                ids += [job, job + 1]
+                job += 2
+            res = collect(swap, ids)
+            assert all(r.success for r in res.values()), [r.error for r in res.values()]
+            for p, s in zip(pages, slots, strict=True):
+                want = eng.page_bytes_of(int(p)).cpu()
+                assert torch.equal(pool[s, : layout.block_bytes], want)
+            for s, p in zip(load_src, load_dst, strict=True):
+                assert torch.equal(eng.page_bytes_of(int(p)).cpu(), known[s - 24])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_kernels_run_as_nvrtc_kernel_where_nvrtc_loads() -> None:
+    from kvtiers.swap.copy_kernel import NvrtcCopyKernel, load_nvrtc_kernel
+    from kvtiers.swap.cuda_driver import CudaDriver
+
+    eng = make_engine("kv_first", device="cuda", pages=8)
+    pool = random_pool(8, round_up(eng.layout.block_bytes), torch.Generator(), pin=True)
+    if load_nvrtc_kernel(CudaDriver(0)) is None:
+        pytest.skip("NVRTC does not load here: the Triton fallback runs")
+    with DeviceSwapper(eng.layout, pool, method="staged", staging_bytes=1 << 20) as swap:
+        assert isinstance(swap._backend._kernel, NvrtcCopyKernel)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["kernel", "staged"])
+@pytest.mark.parametrize("kind", ["kv_first", "pairs", "cross"])
+def test_cuda_triton_fallback_moves_the_same_bytes(
+    method: str, kind: str, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without NVRTC the kernels run through Triton (the real one), same results."""
+    pytest.importorskip("triton")
+    import kvtiers.swap.copy_kernel
+    from kvtiers.swap.cuda_resources import TritonKernel
+
+    monkeypatch.setattr(kvtiers.swap.copy_kernel, "load_nvrtc_kernel", lambda driver: None)
+    eng = make_engine(kind, device="cuda", pages=16, pages_per_block=2)
+    eng.fill_random(gen)
+    pool = pool_for(eng.layout, 12, gen, "cuda")
+    with swapper_for(("cuda", method), eng.layout, pool) as swap:
+        assert isinstance(swap._backend._kernel, TritonKernel)
+        store_load_check(eng, swap, pool, gen, blocks=5)

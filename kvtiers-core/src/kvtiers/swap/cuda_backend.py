@@ -1,18 +1,26 @@
-"""The swapper on a CUDA device: its own streams (one for stores, one for loads, so
-the two directions overlap), completion by events, one native call per job (per
-staging chunk for `staged`), never a Python loop over blocks.
+"""The swapper on a CUDA device: its own streams (per direction, so the two overlap),
+completion by events, a few driver calls per job (per staging chunk for `staged`),
+never a Python loop over blocks.
 
 Methods (see `kvtiers.swap.methods` for how one is chosen per job):
 
 - `dma`: every coalesced run of the job in one `cuMemcpyBatchAsync` (copy engines,
   no SM time). Large runs (cross-layer blocks) reach the link's speed this way.
-- `kernel`: the Triton copy kernel with a small grid, straight between GPU pages and
-  the pool's mapped pinned memory. For small fragments; costs `kernel_grid` CTAs.
-- `staged`: a full-grid Triton kernel gathers the job's fragments into a GPU staging
-  buffer in canonical order (or scatters them out of it), and one
-  `cuMemcpyBatchAsync` moves each block's part as one run. The kernel runs at HBM
-  speed for a few percent of the transfer time; the link sees only large copies.
+- `kernel`: the copy kernel with a small grid, straight between GPU pages and the
+  pool's mapped pinned memory. For small fragments; costs `kernel_grid` CTAs.
+- `staged`: a full-grid copy kernel gathers the job's fragments into a GPU staging
+  region in canonical order (or scatters them out of it), and one
+  `cuMemcpyBatchAsync` moves each block's part as one run; kernels and copies run on
+  two streams through a ring of regions (`kvtiers.swap.staging`), so they overlap.
   Costs `staging_bytes` of GPU memory per direction, allocated up front.
+
+Host time per job is what limits small jobs (a 16-block job moves in ~0.6 ms), so
+the submit path makes only driver calls through prepared ctypes entry points
+(events from a pool, `cuStreamWaitEvent` for `wait_for_compute`, `cuLaunchKernel`
+of an NVRTC-compiled kernel on the job's stream, no torch stream switch), plans with
+the group's precomputed templates (`kvtiers.swap.planner`) and writes the DMA
+descriptors into reused arrays. Triton is the kernel's fallback where NVRTC is
+missing (`kvtiers.swap.triton_copy`).
 """
 
 from __future__ import annotations
@@ -21,35 +29,31 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from kvtiers.pool_pinning import registration_chunks
 from kvtiers.swap.cuda_driver import FLAG_PREFER_OVERLAP_WITH_COMPUTE, CudaDriver
+from kvtiers.swap.cuda_resources import (
+    Descriptors,
+    EventPool,
+    Group,
+    HostTables,
+    Table,
+    TritonKernel,
+)  # fmt: skip
 from kvtiers.swap.job import Job
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.methods import DMA, KERNEL, STAGED, MethodPolicy
-from kvtiers.swap.plan import (
-    LOAD,
-    PIECE_BYTES,
-    STORE,
-    Runs,
-    coalesce,
-    make_runs,
-    make_table,
-    split_at_boundaries,
-    split_runs,
-)
+from kvtiers.swap.plan import LOAD, STORE
+from kvtiers.swap.planner import GroupPlanner, coalesce_arrays
+from kvtiers.swap.staging import StagingRing
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CudaBackend", "CudaOptions"]
-
-_Table = tuple[torch.Tensor, int]
-"""A pinned, mapped host buffer a copy kernel reads its table from, and its device
-address (see `_HostTables`)."""
-
 
 @dataclass
 class CudaOptions:
@@ -61,26 +65,7 @@ class CudaOptions:
     stream_priority: int = 0
     dma_flags: int = FLAG_PREFER_OVERLAP_WITH_COMPUTE
     wait_for_compute: bool = True
-
-
-@dataclass
-class _Group:
-    layout: KVLayout
-    pool: torch.Tensor
-    slot_bytes: int
-    host_base: int  # the pool's host address
-    mapped_base: int | None  # its device address when mapped
-    regions: np.ndarray  # int64 device addresses of the layout's regions
-    kernel_ok: bool  # every fragment is in whole 8-byte words
-    # (offset of the first registration edge from host_base, registration step), when
-    # the pool was registered in chunks: no DMA may span two registrations.
-    chunks: tuple[int, int] | None = None
-
-    def cut(self, runs: Runs) -> Runs:
-        """`runs` cut at the pool's registration edges (a no-op for one registration)."""
-        if self.chunks is None:
-            return runs
-        return split_at_boundaries(runs, *self.chunks)
+    use_nvrtc: bool = True  # False: the Triton kernel (diagnostics, fallback tests)
 
 
 class CudaBackend:
@@ -95,14 +80,13 @@ class CudaBackend:
         options: CudaOptions,
     ):
         self.device = device
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
         self._rank = rank
         self._opt = options
         self._policy = policy
-        self._driver = CudaDriver(
-            device.index if device.index is not None else torch.cuda.current_device()
-        )
+        self._driver = CudaDriver(self._index)
         self._driver.ensure_context()
-        self._groups: list[_Group] = []
+        self._groups: list[Group] = []
         for layout, pool in groups:
             if not pool.is_pinned():
                 raise ValueError(
@@ -114,17 +98,17 @@ class CudaBackend:
             word_ok = layout.word_bytes() % 8 == 0 and pool.shape[1] % 8 == 0
             reg = registration_chunks(host)
             chunks = None if reg is None else (reg[0] - host, reg[1])
-            self._groups.append(_Group(
-                layout, pool, pool.shape[1], host, mapped, layout.region_addresses, word_ok,
-                chunks,
+            planner = GroupPlanner(layout, layout.region_addresses)
+            self._groups.append(Group(
+                layout, pool, pool.shape[1], host, mapped, planner, word_ok, chunks,
             ))  # fmt: skip
-        self._triton = _import_triton()
+        self._kernel = self._load_kernel()
         self.available = self._available_methods()
         if not self.available:
             raise RuntimeError(
                 "no copy method is usable: cuMemcpyBatchAsync needs a CUDA 12.8+ driver "
-                f"(found {self._driver.driver_version}) and the kernel needs Triton "
-                "and a mapped pool (cudaHostRegisterMapped)"
+                f"(found {self._driver.driver_version}) and the kernel needs NVRTC or "
+                "Triton and a mapped pool (cudaHostRegisterMapped)"
             )
         self._policy.restrict(self.available)
         self._streams = {
@@ -132,21 +116,42 @@ class CudaBackend:
             d: torch.cuda.Stream(device, priority=options.stream_priority)  # type: ignore[no-untyped-call]
             for d in (STORE, LOAD)
         }
-        self._staging: dict[str, torch.Tensor] = {}
+        self._handles = {d: int(s.cuda_stream) for d, s in self._streams.items()}
+        self._staging: dict[str, StagingRing] = {}
         if STAGED in self.available and options.staging_bytes > 0:
+            block = max(g.layout.rank_bytes for g in self._groups)
             for d in (STORE, LOAD):
-                self._staging[d] = torch.empty(
-                    options.staging_bytes, dtype=torch.uint8, device=device
+                self._staging[d] = StagingRing(
+                    self._driver, device, options.staging_bytes, options.stream_priority, block
                 )
+        self._stage_cache: dict[tuple[int, str, int], np.ndarray] = {}
         self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         self._pending: deque[Job] = deque()
-        self._tables = _HostTables(self._driver)
+        self._tables = HostTables(self._driver)
+        self._events = EventPool(self._driver)
+        self._fence = self._driver.event_create(timing=False)  # wait_for_compute's
+        self._scratch = Descriptors()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._raw_current = raw if callable(raw) else None
+
+    def _load_kernel(self) -> Any:
+        if not all(g.kernel_ok for g in self._groups):
+            return None
+        if self._opt.use_nvrtc:
+            from kvtiers.swap.copy_kernel import load_nvrtc_kernel
+
+            kernel = load_nvrtc_kernel(self._driver)
+            if kernel is not None:
+                return kernel
+        if not _import_triton():
+            return None
+        return TritonKernel(self.device, self._opt.kernel_words, self._opt.kernel_warps)
 
     def _available_methods(self) -> tuple[str, ...]:
         methods = []
         if self._driver.batch_available:
             methods.append(DMA)
-        kernel_ok = self._triton and all(g.kernel_ok for g in self._groups)
+        kernel_ok = self._kernel is not None
         if kernel_ok and all(g.mapped_base is not None for g in self._groups):
             methods.append(KERNEL)
         staging_fits = all(g.layout.rank_bytes <= self._opt.staging_bytes for g in self._groups)
@@ -157,42 +162,51 @@ class CudaBackend:
     # ---------------------------------------------------------------- contract
 
     def submit(self, job: Job, method: str) -> None:
-        """Queue the job's copies on its direction's stream (behind the caller's
+        """Queue the job's copies on its direction's streams (behind the caller's
         current stream's work when `wait_for_compute`) and return."""
         g = self._groups[job.group]
-        stream = self._streams[job.direction]
+        direction = job.direction
         check = job.check
-        # torch's stubs leave Event.__new__ untyped
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        drv = self._driver
         keep: list[object] = []
-        tables: list[_Table] = []
-        compute = torch.cuda.current_stream(self.device)
+        tables: list[Table] = []
+        drv.ensure_context()
+        start, end = self._events.take(), self._events.take()
+        layout = g.layout
+        pool_offsets = check.slots * g.slot_bytes + self._rank * layout.rank_bytes
+        n_runs = len(pool_offsets) * layout.runs_per_block
+        copy = self._handles[direction]
+        first = last = copy
         try:
-            self._driver.ensure_context()
-            with torch.cuda.stream(stream):
-                if self._opt.wait_for_compute:
-                    stream.wait_stream(compute)
-                start.record(stream)
-                try:
-                    layout = g.layout
-                    pool_offsets = check.slots * g.slot_bytes + self._rank * layout.rank_bytes
-                    n_runs = len(pool_offsets) * layout.runs_per_block
-                    method = self._policy.choose(method, n_runs, job.nbytes)
-                    job.method = method
-                    if method == DMA:
-                        runs = g.cut(make_runs(layout, check.pages, pool_offsets))
-                        self._dma(g, runs, job.direction, stream, keep)
-                    elif method == KERNEL:
-                        runs = make_runs(layout, check.pages, pool_offsets)
-                        self._kernel(g, runs, job.direction, keep, tables)
-                    else:
-                        self._staged(
-                            g, check.pages, pool_offsets, job.direction, stream, keep, tables
-                        )
-                finally:
-                    # Always: the job is only reported once whatever was queued ran.
-                    end.record(stream)
+            method = self._policy.choose(method, n_runs, job.nbytes)
+            job.method = method
+            if method == STAGED:  # a store's chain starts on the kernel stream, a load's ends there
+                ring = self._staging[direction]
+                first, last = (ring.kernel_stream, copy) if direction == STORE else (
+                    copy, ring.kernel_stream)  # fmt: skip
+            if self._opt.wait_for_compute:
+                drv.event_record(self._fence, self._current_stream())
+                drv.stream_wait_event(first, self._fence)
+            if method != STAGED:  # `_staged` records it at its first copy
+                drv.event_record(start, first)
+            try:
+                if method == DMA:
+                    self._dma(g, check.pages, pool_offsets, direction, copy)
+                elif method == KERNEL:
+                    self._small_kernel(g, check.pages, pool_offsets, direction, copy, keep,
+                                       tables)  # fmt: skip
+                else:
+                    self._staged(g, check.pages, pool_offsets, direction, tables, start)
+            except Exception:
+                if first != last:  # what was queued on `first` must end before `end`
+                    drv.event_record(self._fence, first)
+                    drv.stream_wait_event(last, self._fence)
+                if method == STAGED:  # `start` may not be recorded yet: a failed job's time
+                    drv.event_record(start, last)
+                raise
+            finally:
+                # Always: the job is only reported once whatever was queued ran.
+                drv.event_record(end, last)
         except Exception as e:
             log.warning("swap job %s (%s) failed to queue: %r", job.job_id, method, e)
             job.error = f"{type(e).__name__}: {e}"
@@ -211,10 +225,12 @@ class CudaBackend:
 
     def wait(self, job: Job, timeout: float | None) -> bool:
         """Block until `job` ran (True) or `timeout` seconds passed (False)."""
+        if job.payload is None:
+            return True
         end = job.payload[1]
         if timeout is None:
             try:
-                end.synchronize()
+                self._driver.event_synchronize(end)
             except Exception as e:  # a device fault: the job failed, poll reports it
                 job.error = job.error or f"{type(e).__name__}: {e}"
             return True
@@ -234,155 +250,176 @@ class CudaBackend:
 
     # ---------------------------------------------------------------- methods
 
+    def _current_stream(self) -> int:
+        if self._raw_current is not None:
+            return int(self._raw_current(self._index))
+        return int(torch.cuda.current_stream(self.device).cuda_stream)
+
     def _dma(
-        self,
-        g: _Group,
-        runs: Runs,
-        direction: str,
-        stream: torch.cuda.Stream,
-        keep: list[object],
+        self, g: Group, pages: np.ndarray, pool_offsets: np.ndarray, direction: str, stream: int
     ) -> None:
-        engine = (g.regions[runs.region] + runs.engine).astype(np.uint64)
-        host = (g.host_base + runs.buffer).astype(np.uint64)
-        sizes = runs.length.astype(np.uint64)
+        engine, buffer, length = g.cut(*plan_runs(g.planner, pages, pool_offsets))
         to_host = direction == STORE
-        dst, src = (host, engine) if to_host else (engine, host)
-        keep += [dst, src, sizes]
-        self._driver.memcpy_batch(
-            dst, src, sizes, stream.cuda_stream, to_host=to_host, flags=self._opt.dma_flags
-        )
+        self._batch(engine, buffer + g.host_base, length, to_host, stream)
 
-    def _kernel(
-        self, g: _Group, runs: Runs, direction: str, keep: list[object], tables: list[_Table]
+    def _batch(
+        self, dev: np.ndarray, host: np.ndarray, length: np.ndarray, to_host: bool, stream: int
     ) -> None:
-        assert g.mapped_base is not None
-        pieces = split_runs(runs, PIECE_BYTES)
-        engine = g.regions[pieces.region] + pieces.engine
-        host = g.mapped_base + pieces.buffer
-        src, dst = (engine, host) if direction == STORE else (host, engine)
-        table = make_table(src, dst, pieces.length)
-        self._launch(table, self._opt.kernel_grid, keep, tables, small_grid=True)
+        n = len(length)
+        d, s, z, addr = self._scratch.take(n)
+        d[:n], s[:n] = (host, dev) if to_host else (dev, host)
+        z[:n] = length
+        self._driver.memcpy_batch(
+            addr[0], addr[1], addr[2], stream, to_host=to_host, flags=self._opt.dma_flags,
+            count=n,
+        )  # fmt: skip
 
-    def _staged(
+    def _small_kernel(
         self,
-        g: _Group,
+        g: Group,
         pages: np.ndarray,
         pool_offsets: np.ndarray,
         direction: str,
-        stream: torch.cuda.Stream,
+        stream: int,
         keep: list[object],
-        tables: list[_Table],
+        tables: list[Table],
     ) -> None:
-        staging = self._staging[direction]
-        base = staging.data_ptr()
-        rank_bytes = g.layout.rank_bytes
-        per = len(staging) // rank_bytes
-        grid = self._opt.staged_grid or 4 * self._sm_count
-        to_host = direction == STORE
-        flags = self._opt.dma_flags
-        for c in range(0, len(pool_offsets), per):  # staging-buffer chunks, not blocks
-            k = min(per, len(pool_offsets) - c)
-            stage_offsets = np.arange(k, dtype=np.int64) * rank_bytes
-            frag = split_runs(make_runs(g.layout, pages[c : c + k], stage_offsets), PIECE_BYTES)
-            engine = g.regions[frag.region] + frag.engine
-            staged = base + frag.buffer
-            # One run per block between the staging buffer and its slot; consecutive
-            # slots merge into one.
-            big = g.cut(
-                coalesce(
-                    Runs(
-                        np.zeros(k, np.int64),
-                        base + stage_offsets,
-                        pool_offsets[c : c + k],
-                        np.full(k, rank_bytes, np.int64),
-                    )
-                )
-            )
-            big = Runs(big.region, big.engine, g.host_base + big.buffer, big.length)
-            dev_side = big.engine.astype(np.uint64)
-            host_side = big.buffer.astype(np.uint64)
-            sizes = big.length.astype(np.uint64)
-            keep += [dev_side, host_side, sizes]
-            cs = stream.cuda_stream
-            if to_host:
-                self._launch(make_table(engine, staged, frag.length), grid, keep, tables)
-                self._driver.memcpy_batch(host_side, dev_side, sizes, cs, to_host=True, flags=flags)
-            else:
-                self._driver.memcpy_batch(
-                    dev_side, host_side, sizes, cs, to_host=False, flags=flags
-                )
-                self._launch(make_table(staged, engine, frag.length), grid, keep, tables)
+        assert g.mapped_base is not None
+        engine, buffer, words = plan_pieces(g.planner, pages, pool_offsets)
+        host = buffer + g.mapped_base
+        src, dst = (engine, host) if direction == STORE else (host, engine)
+        table, address = self._table(src, dst, words, tables)
+        # A small grid waits a bus round trip per piece if it reads its table from host
+        # memory: copy it to the device first (on the job's stream).
+        on_device = torch.empty(table.numel(), dtype=torch.int64, device=self.device)
+        keep.append(on_device)
+        n = len(words)
+        self._driver.copy_to_device(on_device.data_ptr(), table.data_ptr(), 24 * n, stream)
+        self._kernel.launch(on_device.data_ptr(), n, self._opt.kernel_grid, stream)
 
-    def _launch(
+    def _staged(
         self,
-        table: np.ndarray,
-        grid: int,
-        keep: list[object],
-        tables: list[_Table],
-        *,
-        small_grid: bool = False,
+        g: Group,
+        pages: np.ndarray,
+        pool_offsets: np.ndarray,
+        direction: str,
+        tables: list[Table],
+        start: int,
     ) -> None:
-        from kvtiers.swap.triton_copy import launch_copy  # Triton: only when used
+        """Chunks of the job through the staging ring (see `kvtiers.swap.staging`).
+        The job's `start` event is recorded on the copy stream as its first copy
+        begins: a job's seconds are its time on the link (gathers of later chunks
+        overlap earlier copies, so the time from the first gather would count the
+        previous job's copies too)."""
+        ring = self._staging[direction]
+        drv = self._driver
+        rank_bytes = g.layout.rank_bytes
+        per = ring.blocks_per_region(rank_bytes)
+        grid = self._opt.staged_grid or 4 * self._sm_count
+        copy, kern = self._handles[direction], ring.kernel_stream
+        planner = g.planner
+        block_index = np.arange(per, dtype=np.int64) * rank_bytes
+        for c in range(0, len(pool_offsets), per):  # staging-region chunks, not blocks
+            k = min(per, len(pool_offsets) - c)
+            r = ring.take()
+            staged_all = self._staged_addresses(g, direction, r, ring.bases[r], per)
+            engine, _, words = plan_pieces(planner, pages[c : c + k], pool_offsets[:k])
+            staged = staged_all[: len(words)]
+            # One run per block between the staging region and its slot; consecutive
+            # slots merge into one.
+            dev, host, length = g.cut(*coalesce_arrays(
+                block_index[:k] + ring.bases[r], pool_offsets[c : c + k],
+                np.full(k, rank_bytes, np.int64),
+            ))  # fmt: skip
+            host = host + g.host_base
+            # The kernel reads its table from pinned mapped memory: a copy to the device
+            # would queue behind the other direction's large copies.
+            if direction == STORE:
+                _, address = self._table(engine, staged, words, tables)
+                drv.stream_wait_event(kern, ring.free[r])
+                self._kernel.launch(address, len(words), grid, kern)
+                drv.event_record(ring.ready[r], kern)
+                drv.stream_wait_event(copy, ring.ready[r])
+                if c == 0:
+                    drv.event_record(start, copy)
+                self._batch(dev, host, length, True, copy)
+                drv.event_record(ring.free[r], copy)
+            else:
+                drv.stream_wait_event(copy, ring.free[r])
+                if c == 0:
+                    drv.event_record(start, copy)
+                self._batch(dev, host, length, False, copy)
+                drv.event_record(ring.ready[r], copy)
+                _, address = self._table(staged, engine, words, tables)
+                drv.stream_wait_event(kern, ring.ready[r])
+                self._kernel.launch(address, len(words), grid, kern)
+                drv.event_record(ring.free[r], kern)
 
-        host, address = self._tables.take(table.size)
+    def _staged_addresses(
+        self, g: Group, direction: str, region: int, base: int, per: int
+    ) -> np.ndarray:
+        """Device addresses of every kernel piece of `per` blocks in a staging
+        region, in canonical order (the same for every job of the group)."""
+        key = (id(g), direction, region)
+        cached = self._stage_cache.get(key)
+        if cached is None:
+            offsets = np.arange(per, dtype=np.int64) * g.layout.rank_bytes + base
+            cached = g.planner.pieces.buffer(offsets)
+            self._stage_cache[key] = cached
+        return cached
+
+    def _table(
+        self, src: np.ndarray, dst: np.ndarray, words: np.ndarray, tables: list[Table]
+    ) -> Table:
+        """The kernel's `[3, n]` table written straight into a pinned mapped buffer
+        (kept in `tables` until the job ends)."""
+        n = len(words)
+        host, address = self._tables.take(3 * n)
         tables.append((host, address))
-        on_device = launch_copy(
-            table, grid, host, address, device=self.device if small_grid else None,
-            words=self._opt.kernel_words, num_warps=self._opt.kernel_warps,
-        )  # fmt: skip
-        if on_device is not None:
-            keep.append(on_device)
+        t = host.numpy()
+        t[:n] = src
+        t[n : 2 * n] = dst
+        t[2 * n : 3 * n] = words
+        return host, address
 
     # ---------------------------------------------------------------- internal
 
     def _query(self, job: Job) -> bool:
-        end = job.payload[1]
         try:
-            return bool(end.query())
+            return self._driver.event_done(job.payload[1])
         except Exception as e:  # sticky device error: report, never raise
             job.error = job.error or f"{type(e).__name__}: {e}"
             return True
 
     def _finished(self, job: Job) -> bool:
+        if job.payload is None:
+            return True
         if not self._query(job):
             return False
         start, end, _, tables = job.payload
         try:
-            job.seconds = start.elapsed_time(end) / 1e3
+            job.seconds = self._driver.event_seconds(start, end)
         except Exception:
             job.seconds = time.perf_counter() - job.started
         self._tables.give(tables)  # the copies ran: their tables may be reused
+        self._events.give(start, end)
         job.payload = None
         job.done.set()
         return True
 
 
-class _HostTables:
-    """Pinned, mapped buffers the copy kernels read their tables from, reused once
-    the job that used them ended (a fresh pinned allocation per job would cost far
-    more than the kernel)."""
+def plan_runs(
+    planner: GroupPlanner, pages: np.ndarray, offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The DMA runs of a job (a module function, so tests can make planning fail)."""
+    return planner.runs(pages, offsets)
 
-    def __init__(self, driver: CudaDriver) -> None:
-        self._driver = driver
-        self._free: list[_Table] = []
 
-    def take(self, n: int) -> _Table:
-        """A buffer of at least `n` int64 and its device address."""
-        for i, (t, _) in enumerate(self._free):
-            if t.numel() >= n:
-                return self._free.pop(i)
-        size = 1 << max(12, (n - 1).bit_length())
-        t = torch.empty(size, dtype=torch.int64, pin_memory=True)
-        address = self._driver.host_device_pointer(t.data_ptr())
-        if address is None:
-            raise RuntimeError("pinned memory is not mapped into the device's address space")
-        return t, address
-
-    def give(self, buffers: list[_Table]) -> None:
-        self._free.extend(buffers)
-        if len(self._free) > 64:  # a bounded cache: keep the largest
-            self._free.sort(key=lambda b: b[0].numel())
-            del self._free[:-64]
+def plan_pieces(
+    planner: GroupPlanner, pages: np.ndarray, offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel pieces of a job (as `plan_runs`)."""
+    return planner.piece_runs(pages, offsets)
 
 
 def _import_triton() -> bool:

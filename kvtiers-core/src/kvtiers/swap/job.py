@@ -95,6 +95,12 @@ class Job:
     def result(self) -> SwapResult:
         check = self.check
         names: Sequence[Any] = self.keys if self.keys is not None else range(check.n_blocks)
+        if not (self.closed or self.error or check.problem):  # every block moved
+            return SwapResult(
+                self.job_id, list(names), {}, self.nbytes if check.n_blocks else 0,
+                self.seconds, direction=self.direction, method=self.method,
+                group=self.group,
+            )  # fmt: skip
         valid = check.valid
         ok_idx: Sequence[int]
         bad_idx: Sequence[int]

@@ -1,8 +1,9 @@
 """Which copy method a job uses.
 
-Methods: `dma` (copy engines, one batched call), `kernel` (small-grid Triton kernel
-over mapped pinned memory), `staged` (GPU gather/scatter kernel + one DMA run per
-block), and `cpu` (the CPU stand-in). `auto` picks per job from the shape of its
+Methods: `dma` (copy engines, one batched call), `kernel` (small-grid copy kernel
+over mapped pinned memory), `staged` (GPU gather/scatter kernel through a staging ring
++ one DMA run per block), and `cpu` (the CPU stand-in). The kernel is compiled with
+NVRTC, or is Triton's where NVRTC is missing. `auto` picks per job from the shape of its
 coalesced runs:
 
 - few runs (`<= dma_max_runs`) or long runs (mean `>= dma_min_run_bytes`): `dma` —
@@ -11,8 +12,8 @@ coalesced runs:
 - otherwise (many small fragments): `small_method` (`staged` by default, see
   docs/benchmarks.md for the measurements behind the defaults).
 
-A method the machine cannot run (no cuMemcpyBatchAsync, no Triton, a pool that is
-not mapped) is replaced by the next usable one, in the order of `FALLBACK`.
+A method the machine cannot run (no cuMemcpyBatchAsync, neither NVRTC nor Triton, a
+pool that is not mapped) is replaced by the next usable one, in the order of `FALLBACK`.
 """
 
 from __future__ import annotations

@@ -91,6 +91,8 @@ def check_blocks(
     if pages_arr.size != b * n:
         raise ValueError(f"{b} slots need {b * n} gpu pages ({n} per block), got {pages_arr.size}")
     pages_arr = pages_arr.reshape(b, n)
+    if b and _all_valid(pages_arr, slots_arr, layout.num_pages, num_slots, direction):
+        return BlockCheck(b, np.ones(b, bool), pages_arr, slots_arr)
     bad_page = ((pages_arr < 0) | (pages_arr >= layout.num_pages)).any(axis=1)
     bad_slot = (slots_arr < 0) | (slots_arr >= num_slots)
     if direction == STORE:
@@ -111,6 +113,21 @@ def check_blocks(
             parts.append(f"{int(dup.sum())} writing a {what} another block of the job writes")
         problem = "; ".join(parts)
     return BlockCheck(b, valid, pages_arr[valid], slots_arr[valid], problem)
+
+
+def _all_valid(
+    pages: np.ndarray, slots: np.ndarray, num_pages: int, num_slots: int, direction: str
+) -> bool:
+    """The common case, cheaply (a few reductions and a set): every index in range
+    and no destination twice. False sends the job through the per-block check."""
+    if int(pages.min()) < 0 or int(pages.max()) >= num_pages:
+        return False
+    if int(slots.min()) < 0 or int(slots.max()) >= num_slots:
+        return False
+    dest = slots if direction == STORE else pages.reshape(-1)
+    if len(dest) > 4096:  # a set of Python ints costs more than a sort here
+        return len(np.unique(dest)) == len(dest)
+    return len(set(dest.tolist())) == len(dest)
 
 
 def _duplicated(values: np.ndarray) -> np.ndarray:

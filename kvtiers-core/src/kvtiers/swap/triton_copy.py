@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["launch_copy"]
+__all__ = ["launch_copy", "launch_table"]
 
 
 # Triton ships no types, and specialises a kernel on its parameters' annotations: they
@@ -81,3 +81,10 @@ def launch_copy(
         address = on_device.data_ptr()
     _copy_pieces[(max(1, min(grid, n)),)](address, n, WORDS=words, num_warps=num_warps)
     return on_device
+
+
+def launch_table(table_address: int, n: int, grid: int, *, words: int = 2048,
+                 num_warps: int = 8) -> None:  # fmt: skip
+    """Queue the kernel on the current stream over a table already in place at
+    device address `table_address` (device memory or mapped pinned memory)."""
+    _copy_pieces[(max(1, min(grid, n)),)](table_address, n, WORDS=words, num_warps=num_warps)
