@@ -38,7 +38,7 @@ from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.options import resolve_options
 from kvtiers.probe import AsyncProbe
-from kvtiers.sdk import Deferred, Job, JobEngine, JobHooks, Outcome
+from kvtiers.sdk import Deferred, Job, JobEngine, JobHooks, Outcome, Pins
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
 
@@ -70,11 +70,11 @@ class _Plan:
     `ended` order that against the end hook, so that every reservation is either
     seen by the end hook (committed or aborted there) or aborted by the wait."""
 
-    __slots__ = ("routes", "pinned", "writes", "waits", "lock", "ended")
+    __slots__ = ("routes", "pins", "writes", "waits", "lock", "ended")
 
-    def __init__(self, routes: list[tuple[int, Ident]] | None = None, pinned: bool = False):
+    def __init__(self, routes: list[tuple[int, Ident]] | None = None):
         self.routes = routes or []
-        self.pinned = pinned
+        self.pins: list[Pins[int]] = []  # loads: what lookup called a HIT, per root
         # stores: job index -> (root, ident, recycled: into an evicted block's file)
         self.writes: dict[int, tuple[int, Ident, bool]] = {}
         # stores: job index -> (root, ident) of a block another intent is writing
@@ -203,9 +203,7 @@ class FsTier(SecondaryTier):
             by_root: dict[int, list[Ident]] = {}
             for root, idn in plan.routes:
                 by_root.setdefault(root, []).append(idn)
-            for root, idns in by_root.items():
-                self.stores[root].pin(idns)
-            plan.pinned = True
+            plan.pins = [self.stores[root].pin(idns) for root, idns in by_root.items()]
         self._pool.submit_load(job, plan)
 
     def get_finished_jobs(self) -> list[JobResult]:
@@ -435,16 +433,14 @@ class FsTier(SecondaryTier):
     def _end_load(self, job: Job) -> None:
         """End hook of a load: unpin its keys, touch those that were read."""
         plan: _Plan = job.state
-        if not plan.pinned:
+        if not plan.pins:
             return
-        by_root: dict[int, list[Ident]] = {}
+        for pins in plan.pins:
+            pins.release()
         touched: dict[int, list[Ident]] = {}
         for i, (root, idn) in enumerate(plan.routes):
-            by_root.setdefault(root, []).append(idn)
             if job.succeeded(i):
                 touched.setdefault(root, []).append(idn)
-        for root, idns in by_root.items():
-            self.stores[root].unpin(idns)
         for root, idns in touched.items():
             self.stores[root].touch(idns)
             try:
