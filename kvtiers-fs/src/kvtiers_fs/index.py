@@ -204,33 +204,43 @@ class BlockIndex:
         then blocks the snapshot lacks removed, its new ones adopted in its order
         (oldest first), blocks in both kept as they are - pins included. With
         `report`, the blocks removed count as removed."""
-        sizes: dict[Ident, int] = {}
+        bounded = self.bounded
+        # Start-up (nothing held yet): entries go straight in, piece by piece.
+        # Otherwise the snapshot is read aside first, to tell what went.
+        sizes: dict[Ident, int] | None = {} if len(bounded) else None
         pending: dict[Ident, tuple[int, int]] = {}
         lastdel: dict[int, list[Ident]] = {}
         entry, add, lastdel_op = jr.ENTRY, jr.ADD, jr.LASTDEL
         interned = self._sizes_cache
         it = iter(records)
         while piece := list(islice(it, CHUNK)):  # a million records at start-up: lean
+            adopted: list[tuple[Ident, int, int]] = []
             for op, length, writer, size, raw in piece:
                 idn = raw[:length]
                 if op == entry:
-                    sizes.setdefault(idn, interned.setdefault(size, size))
+                    size = interned.setdefault(size, size)
+                    adopted.append((idn, size, size))
                 elif op == add:
-                    if idn not in pending and idn not in sizes:
+                    if idn not in pending:
                         pending[idn] = (writer, size)
                 elif op == lastdel_op:
                     lastdel.setdefault(writer, []).append(idn)
+            if sizes is None:
+                bounded.adopt(adopted)
+            else:
+                sizes.update((i, s) for i, _, s in adopted if i not in sizes)
             pause()
-        bounded = self.bounded
-        before = len(self._removed)
-        if len(bounded):
+        if sizes is not None:
+            before = len(self._removed)
             for gone in chunks([i for i in bounded.order() if i not in sizes]):
                 for idn in gone:
                     bounded.remove(idn)
-        if not report:
-            del self._removed[before:]
-        for kept in chunks(sizes.items()):
-            bounded.adopt((i, s, s) for i, s in kept)
+            if not report:
+                del self._removed[before:]
+            for kept in chunks(sizes.items()):
+                bounded.adopt((i, s, s) for i, s in kept)
+        for idn in [i for i in pending if i in bounded]:
+            del pending[idn]  # committed in the snapshot: no intent
         bounded.release(sum(s for _, s in self.pending.values()))
         bounded.hold(sum(s for _, s in pending.values()), evict=False)
         self.pending, self.last_deletes = pending, lastdel
@@ -239,9 +249,8 @@ class BlockIndex:
         """Committed blocks in eviction order (victims first), in pieces (with pauses
         in between). The owner must not change the index until it has read them all
         (the order is copied when the first piece is asked for)."""
-        bounded = self.bounded
-        for piece in chunks(bounded.order()):
-            yield [(i, s) for i in piece if (s := bounded.size_of(i)) is not None]
+        for piece in chunks(self.bounded.items()):
+            yield [(i, s) for i, _, s in piece]
 
     def pending_items(self) -> list[tuple[Ident, tuple[int, int]]]:
         return list(self.pending.items())
