@@ -10,7 +10,9 @@
   loop the engine owns, with bounded concurrency.
 - `BoundedIndex` (`kvtiers.sdk.index`): key -> location under a byte capacity, with
   a registered eviction policy, reference-counted pins, reservations for stores in
-  flight, removals reported, and recency export/restore as JSON.
+  flight, removals reported, and recency export/restore as JSON; a queued mode
+  (the scheduler's pin/touch never take its lock) and a feed from shared storage
+  (`adopt`, `hold`/`release`) for tiers whose decisions are in a shared journal.
 
 A tier's work is described by `JobHooks` (`AsyncJobHooks`): functions that receive
 a `Job` (`kvtiers.sdk.job`) and settle its keys. `AsyncJobEngine` is imported on

@@ -36,7 +36,7 @@ queued before it. `Pins.locations` is read at `pin` time.
 that several processes append to): `adopt` inserts entries another process
 committed without evicting for them; `hold`/`release` count bytes of stores in
 flight that are not this index's reservations (another process's intents, or the
-tier's own journaled ones), evicting for them when asked; `order` lists the keys
+tier's own journaled ones), evicting for them when asked; `order`/`items` list the entries
 for a snapshot. kvtiers-fs keeps its namespace index this way.
 """
 
