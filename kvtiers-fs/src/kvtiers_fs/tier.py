@@ -11,7 +11,9 @@ Threads and what they may do:
   blocks smaller than that) - `pwritev`/`preadv` straight from/to the pool slot,
   checksums included - after a store job's start hook, which reserves room in the
   shared journal; a store job's block items go to the head of the store queue, so
-  that its writes start while later jobs reserve; its end hook commits;
+  that its writes start while later jobs reserve; its end hook commits; an item of a
+  block another writer has in flight defers (`job.defer`) instead of waiting on its
+  thread, and is settled - or run again to write the block - when that write ends;
 - the probe thread (`AsyncProbe`) answers lookups of keys this process has not seen
   yet: it reads what other processes appended to the journal, then looks again.
 
