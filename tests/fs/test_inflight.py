@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kvtiers.clock import ManualClock
 from kvtiers.jobs import FailureReason
 from kvtiers.lookup import LookupResult
-from kvtiers.testing import JobTracker, random_keys, resolve_lookup
+from kvtiers.testing import JobTracker, random_keys, resolve_lookup, wait_until
 
 from tests.fs.child import read_log, stop_while_writing
 from tests.fs.helpers import (
@@ -164,3 +165,52 @@ def test_two_jobs_of_one_process_storing_one_key(tmp_path: Path) -> None:
         assert disk_files(ns_dir(tmp_path, tier)) == (1, FILE, 0)
     finally:
         tier.close()
+
+
+def _waiting_stores(tier: Any, jobs: Any, keys: list[bytes]) -> list[Any]:
+    """One store job per key (each of them another writer's intent): more waits
+    than the tier has I/O threads."""
+    out = []
+    for slot, key in enumerate(keys):
+        tier.ctx.pool.block(slot)[:] = block_data(key)
+        out.append(jobs.store([key], [slot]))
+    return out
+
+
+@pytest.mark.parametrize("other_ends", ["commits", "is_killed"])
+def test_stores_waiting_for_another_writer_occupy_no_io_thread(
+        mp: Any, children: list[Any], tmp_path: Path, other_ends: str) -> None:
+    """Two I/O threads, four stores waiting for a stopped writer's blocks: a store of
+    another key (and a load) still run and finish meanwhile - on the old tier every
+    thread slept in the wait and they never ran. Then the four end as the other
+    writer does: with its copy once it commits, with their own once it is killed."""
+    keys = random_keys(4)
+    proc = _start_stopped_writer(mp, children, tmp_path, keys, tmp_path / "log")
+    tier = open_tier(context(), tmp_path, threads={"load": 1, "store": 1})
+    try:
+        jobs = JobTracker(tier)
+        waiting = _waiting_stores(tier, jobs, keys)
+        wait_until(lambda: tier.stores[0].waited == 4, "the four stores waiting", 20)
+        fresh = random_keys(2)
+        for slot, key in enumerate(fresh, 10):
+            tier.ctx.pool.block(slot)[:] = block_data(key)
+        (other,) = jobs.wait([jobs.store(fresh, [10, 11])])
+        assert other.ok == fresh and other.bytes_moved == 2 * BB
+        assert load_and_check(tier, fresh, first_slot=20).ok == fresh  # slots of no job
+        assert _unfinished_for_a_while(tier), "a waiting store ended while the writer was stopped"
+        if other_ends == "commits":
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.join(30)
+            assert proc.exitcode == 0 and sorted(read_log(str(tmp_path / "log"))) == sorted(keys)
+        else:
+            proc.kill()
+            proc.join(10)
+        results = jobs.wait(waiting)
+        moved = 0 if other_ends == "commits" else BB  # the other's copies, or our own
+        assert [(r.ok, r.bytes_moved) for r in results] == [([k], moved) for k in keys]
+        assert load_and_check(tier, keys).ok == keys
+        inv = tier.inventory()
+        assert inv.keys() == {*keys, *fresh} and inv.reserved_blocks == 0
+    finally:
+        tier.close()
+    assert disk_files(ns_dir(tmp_path, context())) == (6, 6 * FILE, 0)

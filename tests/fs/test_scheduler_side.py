@@ -1,7 +1,7 @@
 """The scheduler thread's calls never wait for work that grows with the number of
 blocks (issue 11, item 5; DESIGN.md invariant 3): while another thread of the same
 store is stuck in the middle of applying a long journal tail, or of writing a
-snapshot, `contains`, `pin`, `unpin`, `touch` and `stats` still return.
+snapshot, `contains`, `pin` (and its release), `touch` and `stats` still return.
 
 The long work is made to stop half way (an eviction policy whose `insert` or
 `export` blocks, or a snapshot write that blocks), so the tests count no time:
@@ -83,9 +83,9 @@ def _scheduler_calls_return(store: RootStore, idns: list[bytes]) -> bool:
     def calls() -> None:
         for idn in idns[:20]:
             store.contains(idn)
-        store.pin(idns[:5])
+        pins = store.pin(idns[:5])
         store.touch(idns[5:10])
-        store.unpin(idns[:5])
+        pins.release()
         store.stats()
         done.set()
 

@@ -36,7 +36,7 @@ def _setup(tmp_path: Path) -> tuple[BlockIndex, BlockDir, WriterRegistry, list[l
     blocks_fd = os.open(tmp_path / "blocks", os.O_RDONLY | os.O_DIRECTORY)
     writers_fd = os.open(tmp_path / "writers", os.O_RDONLY | os.O_DIRECTORY)
     errors = ErrorLog(_log, "t")
-    index = BlockIndex(LRUPolicy)
+    index = BlockIndex(LRUPolicy(), 1 << 40)
     frames: list[list[Record]] = []
     return index, BlockDir(blocks_fd, NS, errors), WriterRegistry(writers_fd, ME), frames
 

@@ -69,10 +69,12 @@ class IndexMachine(RuleBasedStateMachine):
         self.evictions = 0
 
     @initialize(policy=st.sampled_from(sorted(POLICIES)), capacity_hint=st.sampled_from(
-        [None, 4, 10]))
-    def make(self, policy: str, capacity_hint: int | None) -> None:
+        [None, 4, 10]), queued=st.booleans())
+    def make(self, policy: str, capacity_hint: int | None, queued: bool) -> None:
+        # queued: pins, releases and touches wait in a queue until the next call that
+        # takes the lock (every one of which applies it first): the same answers
         self.index = BoundedIndex(POLICIES[policy](capacity=capacity_hint), CAPACITY,
-                                  on_removed=self.removed.extend)
+                                  on_removed=self.removed.extend, queued=queued)
 
     # Helpers on the model.
 

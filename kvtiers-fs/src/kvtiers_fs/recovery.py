@@ -91,7 +91,7 @@ class Settlement:
         index = self._index
         intents = [(i, index.pending[i][1]) for i in index.intents_of(w)]
         dels = [i for i in index.last_deletes.get(w, ())
-                if i not in index.sizes and i not in index.pending]
+                if not index.contains(i) and i not in index.pending]
         records = [Record(jr.COMMIT if self._blocks.settle_file(idn, w, size) else jr.ABORT,
                           w, size, idn) for idn, size in intents]
         self._blocks.unlink_blocks(dels)

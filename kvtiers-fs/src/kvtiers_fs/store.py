@@ -4,7 +4,9 @@ and the journal that several processes share.
 Capacity accounting across processes
 ------------------------------------
 Every process that opens the namespace keeps the whole index in memory
-(`BlockIndex`: committed blocks with their file sizes, plus pending intents) and
+(`BlockIndex`: committed blocks with their file sizes - in the core's
+`kvtiers.sdk.BoundedIndex`, which owns the policy, the pin counts and the capacity
+bound - plus pending intents) and
 keeps it current by reading one shared, append-only journal (journal.py). Usage is
 a fold of that journal: committed bytes plus bytes of pending intents, whoever
 wrote them. Changes are appended under an exclusive flock(2) of `<ns>/lock`, and a
@@ -13,8 +15,8 @@ decision sees every other writer's reservations:
 
 1. reserve (one critical section per store job): for each key neither committed
    nor pending anywhere, evict victims by policy until it fits (unpinned in this
-   process), append `[REMOVE..., ADD...]` as one frame, rename each victim's file
-   to the temporary name of the block it made room for (`BlockDir.recycle`) or
+   process; `BoundedIndex.hold`), append `[REMOVE..., ADD...]` as one frame, rename
+   each victim's file to the temporary name of the block it made room for (`BlockDir.recycle`) or
    unlink it, release the lock. A key committed already is `PRESENT`; a key
    pending in another intent is `PENDING`: the job waits for that intent to end
    (`await_intent`, waits.py) - it is never reported stored before a complete copy
@@ -48,8 +50,8 @@ Parts, each with its own state and test: `BlockIndex` (the in-memory index),
 `Settlement` (what dead writers left), `IntentWaits` (stores waiting for another
 writer). The store owns the locks and the protocol above.
 
-Threads: `contains`, `pin`, `unpin`, `touch` and `stats` are for any thread, the
-scheduler's included: lock-free, O(1) per key (`BlockIndex`). Everything that reads
+Threads: `contains`, `pin` (and releasing its `Pins`), `touch` and `stats` are for
+any thread, the scheduler's included: lock-free, O(1) per key (`BlockIndex`). Everything that reads
 or appends the journal runs on I/O, probe, wait or rotation threads under `_mu`
 (and the flock for appends); work proportional to the number of blocks (loading,
 catching up, snapshotting) is done in pieces that give the GIL away (pacing.py).
@@ -73,6 +75,7 @@ from kvtiers.clock import Clock
 from kvtiers.inventory import NamespaceInventory
 from kvtiers.namespace import Namespace
 from kvtiers.policies.base import EvictionPolicy
+from kvtiers.sdk import Pins
 
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
@@ -130,7 +133,7 @@ class RootStore:
         self._log = logger
         self._on_removed = on_removed
         self._mu = threading.RLock()  # the journal position and the index, in this process
-        self.index = BlockIndex(policy_factory)
+        self.index = BlockIndex(policy_factory(), capacity_bytes)
         self._outbox: list[Record] = []  # records that could not be appended yet
         self._last_touch_flush = time.monotonic()
         self._rotation: threading.Thread | None = None
@@ -210,13 +213,9 @@ class RootStore:
     def contains(self, idn: Ident) -> bool:
         return self.index.contains(idn)
 
-    def pin(self, idns: Iterable[Ident]) -> None:
-        self.index.pin(idns)
-
-    def unpin(self, idns: Iterable[Ident]) -> None:
-        self.index.unpin(idns)
-        if self.index.queued() > CHUNK:
-            self._drain_if_free()
+    def pin(self, idns: list[Ident]) -> Pins[int]:
+        """Keep the blocks held now from eviction until the result is released."""
+        return self.index.pin(idns)
 
     def touch(self, idns: Iterable[Ident]) -> None:
         """Refresh recency (applied at the next drain; the journal learns it at the
@@ -243,7 +242,7 @@ class RootStore:
     def intent_state(self, idn: Ident) -> tuple[str, int]:
         """(COMMITTED, 0), (PENDING, its writer) or (ABSENT, 0), as far as read."""
         index = self.index
-        if idn in index.sizes:
+        if index.contains(idn):
             return COMMITTED, 0
         p = index.pending.get(idn)
         return (PENDING, p[0]) if p is not None else (ABSENT, 0)
@@ -271,21 +270,15 @@ class RootStore:
             index = self.index
             # Blocks of this job that are already here are reported stored: refresh
             # them, and never evict them to make room for the job's other blocks.
-            present = [idn for idn, _ in items if idn in index.sizes]
+            present = [idn for idn, _ in items if index.contains(idn)]
             if present:
                 index.touch(present)
-                index.pin(present)
-                index.drain()
-            try:
+            with index.pin(present):
                 return self._reserve_locked(items)
-            finally:
-                if present:
-                    index.unpin(present)
-                    index.drain()
 
     def _reserve_locked(self, items: list[tuple[Ident, int]]) -> tuple[list[Verdict], int]:
         """`reserve` under the namespace lock, with the job's present blocks pinned."""
-        index, cap = self.index, self.capacity_bytes
+        index = self.index
         verdicts: list[Verdict] = []
         victims: list[tuple[Ident, int]] = []
         adds: list[tuple[Ident, int]] = []
@@ -293,27 +286,20 @@ class RootStore:
         seen: set[Ident] = set()
         extra, full = 0, False
         for idn, size in items:
-            if idn in index.sizes:
+            if index.contains(idn):
                 verdicts.append(Verdict.PRESENT)
                 continue
             if idn in index.pending or idn in seen:
                 verdicts.append(Verdict.PENDING)
                 continue
-            if full or size > cap:
+            got = None if full else index.make_room(size)  # counted now, if it fits
+            if got is None:
+                full = True  # a prefix: the job's later blocks would not fit either
                 verdicts.append(Verdict.FULL)
                 continue
-            first = len(victims)
-            while index.usage + extra + size > cap:
-                got = index.evict_one()
-                if got is None:
-                    break
-                victims.append(got)
-            if index.usage + extra + size > cap:
-                full = True
-                verdicts.append(Verdict.FULL)
-                continue
-            if len(victims) > first and victims[first][1] == size:
-                reuse[idn] = victims[first]
+            if got and got[0][1] == size:
+                reuse[idn] = got[0]
+            victims += got
             extra += size
             adds.append((idn, size))
             seen.add(idn)
@@ -325,14 +311,12 @@ class RootStore:
         try:
             self._journal.append(records)
         except OSError:
-            index.put_back(victims)  # back in, as the newest: nothing happened
+            index.put_back(victims, extra)  # back in, as the newest: nothing happened
             raise
         # The frame is in the journal: from here on nothing may raise before the
         # index says what it says (BlockDir never raises).
-        index.usage += extra
         index.add_own(self.writer, adds)
         index.set_last_deletes(self.writer, [i for i, _ in victims])
-        index.removed_by_us(i for i, _ in victims)
         self._report_removed()  # before the files go: a long key is read from one
         recycled = {idn for idn, (v, size) in reuse.items()
                     if self.blocks.recycle(v, idn, size, self.writer)}

@@ -11,7 +11,9 @@ Threads and what they may do:
   blocks smaller than that) - `pwritev`/`preadv` straight from/to the pool slot,
   checksums included - after a store job's start hook, which reserves room in the
   shared journal; a store job's block items go to the head of the store queue, so
-  that its writes start while later jobs reserve; its end hook commits;
+  that its writes start while later jobs reserve; its end hook commits; an item of a
+  block another writer has in flight defers (`job.defer`) instead of waiting on its
+  thread, and is settled - or run again to write the block - when that write ends;
 - the probe thread (`AsyncProbe`) answers lookups of keys this process has not seen
   yet: it reads what other processes appended to the journal, then looks again.
 
@@ -38,7 +40,7 @@ from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.options import resolve_options
 from kvtiers.probe import AsyncProbe
-from kvtiers.sdk import Job, JobEngine, JobHooks, Outcome
+from kvtiers.sdk import Deferred, Job, JobEngine, JobHooks, Outcome, Pins
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
 
@@ -63,19 +65,24 @@ def _store_failure(exc: OSError) -> FailureReason:
 
 class _Plan:
     """The fs tier's part of a job in flight (`Job.state`): where each key lives
-    (loads: routed and pinned at submit) and, for a store, the blocks it writes."""
+    (loads: routed and pinned at submit) and, for a store, the blocks it writes.
 
-    __slots__ = ("routes", "pinned", "writes", "waits", "borrowed")
+    A store's `writes` gains entries after its start hook only from the wait
+    thread (a block another writer gave up, now reserved for this job); `lock` and
+    `ended` order that against the end hook, so that every reservation is either
+    seen by the end hook (committed or aborted there) or aborted by the wait."""
 
-    def __init__(self, routes: list[tuple[int, Ident]] | None = None, pinned: bool = False):
+    __slots__ = ("routes", "pins", "writes", "waits", "lock", "ended")
+
+    def __init__(self, routes: list[tuple[int, Ident]] | None = None):
         self.routes = routes or []
-        self.pinned = pinned
+        self.pins: list[Pins[int]] = []  # loads: what lookup called a HIT, per root
         # stores: job index -> (root, ident, recycled: into an evicted block's file)
         self.writes: dict[int, tuple[int, Ident, bool]] = {}
         # stores: job index -> (root, ident) of a block another intent is writing
         self.waits: dict[int, tuple[int, Ident]] = {}
-        # stores: job indices whose committed copy is another writer's (nothing moved)
-        self.borrowed: set[int] = set()
+        self.lock = threading.Lock()
+        self.ended = False
 
 
 #: block items are batched up to this many bytes per pool task (one block at least)
@@ -198,9 +205,7 @@ class FsTier(SecondaryTier):
             by_root: dict[int, list[Ident]] = {}
             for root, idn in plan.routes:
                 by_root.setdefault(root, []).append(idn)
-            for root, idns in by_root.items():
-                self.stores[root].pin(idns)
-            plan.pinned = True
+            plan.pins = [self.stores[root].pin(idns) for root, idns in by_root.items()]
         self._pool.submit_load(job, plan)
 
     def get_finished_jobs(self) -> list[JobResult]:
@@ -286,37 +291,11 @@ class FsTier(SecondaryTier):
         # all run before any block is written, leaving the disk idle meanwhile.
         return items
 
-    def _await_other_writer(self, job: Job, i: int) -> Outcome | Verdict:
-        """A block another intent (another process, another job) is writing: wait on
-        this I/O thread until that intent ends (`RootStore.await_intent`: bounded by
-        the job's deadline and by close). Success only if its copy was committed;
-        the reservation, if it failed and room was left, is ours to write now."""
-        root, idn = job.state.waits[i]
-        ended = threading.Event()
-        got: list[Verdict] = []
-
-        def done(verdict: Verdict) -> None:
-            got.append(verdict)
-            ended.set()
-
-        self.stores[root].await_intent(idn, self.file_bytes, job.transfer.deadline,
-                                       self.ctx.clock, done)
-        ended.wait()
-        verdict = got[0]
-        if verdict is Verdict.PRESENT:
-            job.state.borrowed.add(i)  # another writer's complete copy: nothing moved
-            return None
-        if verdict in (Verdict.GRANTED, Verdict.RECYCLED):
-            job.state.writes[i] = (root, idn, verdict is Verdict.RECYCLED)
-            return verdict
-        return _WAIT_FAILURES.get(verdict, FailureReason.IO)
-
     def _store_block(self, job: Job, i: int) -> Outcome:
-        if i in job.state.waits:
-            waited = self._await_other_writer(job, i)
-            if not isinstance(waited, Verdict):
-                return waited
-        root, idn, recycled = job.state.writes[i]
+        plan: _Plan = job.state
+        if i in plan.waits and i not in plan.writes:
+            return self._await_other_writer(job, i)
+        root, idn, recycled = plan.writes[i]
         store, key = self.stores[root], job.keys[i]
         try:
             shard = store.shard_fd(idn, create=True)
@@ -329,6 +308,44 @@ class FsTier(SecondaryTier):
             self._errors.record("store", exc, store.root)
             return _store_failure(exc)
         return None
+
+    def _await_other_writer(self, job: Job, i: int) -> Deferred:
+        """A block another intent (another process, another job) is writing: defer
+        the key (the I/O thread moves on) until that intent ends
+        (`RootStore.await_intent`, on the store's wait thread; bounded by the job's
+        deadline, by `MAX_WAIT_S` and by close). Success only if its copy was
+        committed; if it failed and room was left, the reservation is this job's:
+        the item runs again and writes the block."""
+        root, idn = job.state.waits[i]
+        deferred = job.defer(i)
+        self.stores[root].await_intent(
+            idn, self.file_bytes, job.transfer.deadline, self.ctx.clock,
+            lambda verdict: self._other_writer_ended(job, i, deferred, verdict))
+        return deferred
+
+    def _other_writer_ended(self, job: Job, i: int, deferred: Deferred,
+                            verdict: Verdict) -> None:
+        """Wait thread (or close): the other intent on key `i`'s block has ended."""
+        if verdict is Verdict.PRESENT:
+            deferred.succeed(0)  # another writer's complete copy: nothing moved
+            return
+        if verdict not in (Verdict.GRANTED, Verdict.RECYCLED):
+            deferred.fail(_WAIT_FAILURES.get(verdict, FailureReason.IO))
+            return
+        # Reserved for this job now. The end hook commits or aborts it if it has not
+        # run yet (whether the item gets to write it or the deadline comes first).
+        plan: _Plan = job.state
+        root, idn = plan.waits[i]
+        with plan.lock:
+            if not plan.ended:
+                plan.writes[i] = (root, idn, verdict is Verdict.RECYCLED)
+        if i in plan.writes:
+            deferred.resume()
+            return
+        try:  # the job has ended (deadline, close): give the reservation back
+            self.stores[root].commit([], [idn])
+        except OSError as exc:
+            self._errors.record("commit", exc, self.stores[root].root)
 
     def _load_block(self, job: Job, i: int) -> Outcome:
         root, idn = job.state.routes[i]
@@ -418,16 +435,14 @@ class FsTier(SecondaryTier):
     def _end_load(self, job: Job) -> None:
         """End hook of a load: unpin its keys, touch those that were read."""
         plan: _Plan = job.state
-        if not plan.pinned:
+        if not plan.pins:
             return
-        by_root: dict[int, list[Ident]] = {}
+        for pins in plan.pins:
+            pins.release()
         touched: dict[int, list[Ident]] = {}
         for i, (root, idn) in enumerate(plan.routes):
-            by_root.setdefault(root, []).append(idn)
             if job.succeeded(i):
                 touched.setdefault(root, []).append(idn)
-        for root, idns in by_root.items():
-            self.stores[root].unpin(idns)
         for root, idns in touched.items():
             self.stores[root].touch(idns)
             try:
@@ -437,13 +452,14 @@ class FsTier(SecondaryTier):
 
     def _end_store(self, job: Job) -> None:
         """End hook of a store: commit the blocks written, abort the other intents."""
-        for i in job.state.borrowed:
-            if job.succeeded(i):
-                job.succeed(i, 0)
+        plan: _Plan = job.state
+        with plan.lock:  # from now on a wait that reserves gives its reservation back
+            plan.ended = True
+            writes = sorted(plan.writes.items())
         done: dict[int, list[tuple[int, Ident]]] = {}
         aborted: dict[int, list[Ident]] = {}
         # In the job's order, not the threads': a prefix's first blocks are older.
-        for i, (root, idn, _) in sorted(job.state.writes.items()):
+        for i, (root, idn, _) in writes:
             if job.succeeded(i):
                 done.setdefault(root, []).append((i, idn))
             else:

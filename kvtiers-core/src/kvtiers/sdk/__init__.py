@@ -4,12 +4,15 @@
   bookkeeping - per-block work items and batching, exactly-once results, deadlines,
   `closed`, crash containment, start/end hooks, stats - on a
   `DualQueueThreadPool` (`kvtiers.sdk.dualqueue`: loads ahead of stores, idle
-  threads steal).
+  threads steal). An item that must wait for something else returns
+  `job.defer(i)` (`Deferred`), settled later from any thread, instead of sleeping.
 - `AsyncJobEngine` (`kvtiers.sdk.aio`): the same for asyncio clients, on an event
   loop the engine owns, with bounded concurrency.
 - `BoundedIndex` (`kvtiers.sdk.index`): key -> location under a byte capacity, with
   a registered eviction policy, reference-counted pins, reservations for stores in
-  flight, removals reported, and recency export/restore as JSON.
+  flight, removals reported, and recency export/restore as JSON; a queued mode
+  (the scheduler's pin/touch never take its lock) and a feed from shared storage
+  (`adopt`, `hold`/`release`) for tiers whose decisions are in a shared journal.
 
 A tier's work is described by `JobHooks` (`AsyncJobHooks`): functions that receive
 a `Job` (`kvtiers.sdk.job`) and settle its keys. `AsyncJobEngine` is imported on
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind, Task
 from kvtiers.sdk.engine import BATCH_BYTES, BatchFn, BlockFn, JobEngine, JobHooks
 from kvtiers.sdk.index import BoundedIndex, EntryView, IndexView, Pins, Reservation, Verdict
-from kvtiers.sdk.job import CrashHook, EndHook, Job, JobLedger, Outcome, StartHook
+from kvtiers.sdk.job import CrashHook, Deferred, EndHook, Job, JobLedger, Outcome, StartHook
 
 if TYPE_CHECKING:
     from kvtiers.sdk.aio import AsyncBatchFn, AsyncBlockFn, AsyncJobEngine, AsyncJobHooks
@@ -40,6 +43,7 @@ __all__ = [
     "BlockFn",
     "BoundedIndex",
     "CrashHook",
+    "Deferred",
     "DualQueueThreadPool",
     "EndHook",
     "EntryView",

@@ -25,11 +25,19 @@ them on a `DualQueueThreadPool` and keeps the contract's promises:
   logged (and passed to `on_crash`); the thread lives on.
 - **loads ahead of stores**: load threads take loads first, store threads stores
   first, idle threads of one kind take the other's work.
+- **deferred keys**: an item that must wait for something else (another writer's
+  copy of its block) returns `job.defer(i)` instead of sleeping on its thread; any
+  thread settles the handle later, or `resume`s it to run the item again at the
+  head of the queue (`kvtiers.sdk.job.Deferred`). The job's deadline and `close`
+  settle it first if they come first (`kvtiers.sdk.deferred`). When a deferred
+  key is the job's last unit, its end hook runs on an engine thread (queued at the
+  head), not on the thread that settled it.
 
 Threads: `submit_*`, `take_finished` and `closed` are for the scheduler thread and
 never block (dictionary work and a queue append). Hooks and items run on the
 engine's threads, never under its locks; an end hook also runs on the thread that
-calls `close` (for jobs still queued) or `submit_*` (for a job refused after close).
+calls `close` (for jobs still queued) or `submit_*` (for a job refused after close),
+and on the thread that settles a deferred key after the pool has stopped.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.sdk.deferred import Deferrals
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind
 from kvtiers.sdk.job import CrashHook, EndHook, Job, JobFlow, JobLedger, Outcome, StartHook
 from kvtiers.stats import StatsRecorder
@@ -49,7 +58,7 @@ __all__ = ["BATCH_BYTES", "BatchFn", "BlockFn", "JobEngine", "JobHooks"]
 #: items of one job are grouped into units of up to this many block bytes
 BATCH_BYTES = 1 << 20
 
-#: `block(job, i)`: do the I/O of key `i`; None when it succeeded
+#: `block(job, i)`: do the I/O of key `i`; None when it succeeded, or `job.defer(i)`
 BlockFn = Callable[[Job, int], Outcome]
 #: `batch(job, indices)`: the I/O of several consecutive keys; one outcome per index
 BatchFn = Callable[[Job, Sequence[int]], Sequence[Outcome]]
@@ -108,6 +117,8 @@ class JobEngine:
                              batch_bytes=batch_bytes, on_crash=on_crash, what=name)
         self.pool = DualQueueThreadPool(load_threads, store_threads, name=name,
                                         logger=ctx.logger)
+        self._deferrals = Deferrals(ctx.clock, settle=self._settle_deferred,
+                                    resume=self._resume_deferred, name=name)
 
     # Scheduler side: never blocks.
 
@@ -119,6 +130,11 @@ class JobEngine:
     def pending(self) -> int:
         """Jobs submitted and not reported yet."""
         return self._ledger.active
+
+    @property
+    def deferred(self) -> int:
+        """Keys deferred (`Job.defer`) and not settled yet."""
+        return len(self._deferrals)
 
     def submit_load(self, job: TransferJob, state: Any = None) -> None:
         """Queue a load. `state` is the tier's (what it pinned at submit, say): it
@@ -141,11 +157,12 @@ class JobEngine:
         return self._ledger.drain(timeout)
 
     def close(self, timeout: float | None = None) -> bool:
-        """Refuse new jobs, fail queued units with `closed`, wait for running ones
-        (up to `timeout` per thread) and stop the threads. Idempotent. False when a
-        thread was still in tier code after `timeout` (its job is reported when it
-        returns)."""
+        """Refuse new jobs, fail queued units and deferred keys with `closed`, wait
+        for running ones (up to `timeout` per thread) and stop the threads.
+        Idempotent. False when a thread was still in tier code after `timeout` (its
+        job is reported when it returns)."""
         self._ledger.close()
+        self._deferrals.close()
         for task in self.pool.stop():  # reported now, not after the running ones
             task.cancel()
         self.pool.join(timeout)
@@ -155,6 +172,7 @@ class JobEngine:
 
     def _submit(self, transfer: TransferJob, kind: Kind, state: Any) -> None:
         job = Job(transfer, kind == LOAD, state, self._clock)
+        job._deferrer = self._deferrals
         hooks = self._hooks[kind]
         if not self._ledger.admit():
             job._settle_rest(FailureReason.CLOSED)
@@ -168,7 +186,7 @@ class JobEngine:
         else:
             self._queue_items(job, kind, range(len(transfer.keys)), first=False)
 
-    def _queue(self, kind: Kind, tasks: Sequence[_Start | _Unit], first: bool) -> None:
+    def _queue(self, kind: Kind, tasks: Sequence[_Start | _Unit | _End], first: bool) -> None:
         if not self.pool.submit(kind, tasks, first=first):
             for task in tasks:
                 task.cancel()
@@ -228,6 +246,20 @@ class JobEngine:
         if job._settle(indices, outcomes, self._flow.block_bytes, units):
             self._flow.end(job, self._hooks[kind].end)
 
+    def _settle_deferred(self, job: Job, i: int, outcome: FailureReason | None,
+                         moved: int | None) -> None:
+        """A deferred key's outcome (any thread): its unit retires; the end of the job,
+        when it was the last, is handed to an engine thread."""
+        kind = LOAD if job.load else STORE
+        moved = self._flow.block_bytes if moved is None else moved
+        if job._settle((i,), (outcome,), moved, 1):
+            self._queue(kind, [_End(self, job, kind)], first=True)
+
+    def _resume_deferred(self, job: Job, i: int) -> None:
+        """Run a deferred key's item again: the deferral's unit becomes this one."""
+        kind = LOAD if job.load else STORE
+        self._queue(kind, [_Unit(self, job, kind, (i,))], first=True)
+
     def _cancel(self, job: Job, kind: Kind, indices: Sequence[int] | None) -> None:
         """A unit the pool will never run (closed)."""
         if indices is None:  # the start hook: no key can be settled by it any more
@@ -266,3 +298,19 @@ class _Unit:
     def cancel(self) -> None:
         self.engine._cancel(self.job, self.kind, self.indices)
 
+
+
+class _End:
+    """The end of a job whose last unit was a deferred key, as a pool task: the end
+    hook runs on an engine thread (or, once the pool stopped, where it is cancelled)."""
+
+    __slots__ = ("engine", "job", "kind")
+
+    def __init__(self, engine: JobEngine, job: Job, kind: Kind):
+        self.engine, self.job, self.kind = engine, job, kind
+
+    def run(self) -> None:
+        self.engine._flow.end(self.job, self.engine._hooks[self.kind].end)
+
+    def cancel(self) -> None:
+        self.run()

@@ -23,17 +23,32 @@ capacity bound, pins and reservations every tier needs, in one place.
 Thread-safe. One lock guards all state and is held only for O(1) work per key
 touched (so the scheduler thread may call `get`, `touch`, `pin`); `export` copies
 the order under the lock and encodes outside it; `view` (tests, tools) copies.
+
+**queued** (`queued=True`): for a tier whose own threads do long work under the
+lock - replaying a shared journal, exporting the order of a million entries for a
+snapshot - `pin`, `Pins.release` and `touch` never take the lock: they append to a
+queue (lock-free) that the next call taking the lock applies first (or `pin`/`touch`
+themselves once it is long, if the lock is free right then: amortised O(1)). So
+the scheduler never waits for that work, and an eviction still sees every pin
+queued before it. `Pins.locations` is read at `pin` time.
+
+**fed from outside** (a tier on shared storage, whose decisions are in a journal
+that several processes append to): `adopt` inserts entries another process
+committed without evicting for them; `hold`/`release` count bytes of stores in
+flight that are not this index's reservations (another process's intents, or the
+tier's own journaled ones), evicting for them when asked; `order`/`items` list the entries
+for a snapshot. kvtiers-fs keeps its namespace index this way.
 """
 
 from __future__ import annotations
 
-import enum
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from kvtiers.policies.base import EvictionPolicy
+from kvtiers.sdk.index_parts import EntryView, IndexView, Pins, Reservation, Verdict, _Entry
 
 if TYPE_CHECKING:
     from kvtiers.tier import TierContext
@@ -45,127 +60,23 @@ L = TypeVar("L")
 #: called with the keys of entries that left the index (outside its lock)
 RemovedFn = Callable[[list[bytes]], None]
 
-
-class Verdict(enum.Enum):
-    """What `reserve` decided for one key of a store job."""
-
-    PRESENT = "present"  # committed already: nothing to copy (touched, pinned for the job)
-    RESERVED = "reserved"  # room is counted for it: copy, then `commit`
-    FULL = "full"  # cannot fit without evicting pinned entries or the job's own
-
-
-class _Entry(Generic[L]):
-    __slots__ = ("location", "size", "pins")
-
-    def __init__(self, location: L, size: int):
-        self.location = location
-        self.size = size
-        self.pins = 0
-
-
-@dataclass(frozen=True, slots=True)
-class EntryView(Generic[L]):
-    location: L
-    size: int
-    pins: int
-
-
-@dataclass(frozen=True, slots=True)
-class IndexView(Generic[L]):
-    """A copy of an index's state (`BoundedIndex.view`), for tests and tools."""
-
-    entries: Mapping[bytes, EntryView[L]]
-    #: keys in eviction order (the policy's export: victims first, pinned last)
-    order: Sequence[bytes]
-    capacity_bytes: int
-    committed_bytes: int  # sizes of the entries
-    reserved_bytes: int  # counted for stores in flight, not committed yet
-    evictable_bytes: int  # committed and unpinned
-    evictions: int  # entries evicted since the index was made
-
-    @property
-    def used_bytes(self) -> int:
-        """What counts against capacity: committed plus reserved."""
-        return self.committed_bytes + self.reserved_bytes
-
-
-class Pins(Generic[L]):
-    """Entries pinned by one caller (`BoundedIndex.pin`); `locations[i]` is the
-    location of `keys[i]`, None where it was absent (nothing pinned for it).
-    `release()` (idempotent) gives the pins back; also a context manager."""
-
-    __slots__ = ("keys", "locations", "_index", "_held")
-
-    def __init__(self, index: BoundedIndex[L], keys: Sequence[bytes],
-                 held: list[tuple[bytes, _Entry[L]]], locations: list[L | None]):
-        self.keys = keys
-        self.locations = locations
-        self._index = index
-        self._held: list[tuple[bytes, _Entry[L]]] | None = held
-
-    def release(self) -> None:
-        held, self._held = self._held, None
-        if held:
-            self._index._unpin(held)
-
-    def __enter__(self) -> Pins[L]:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class Reservation(Generic[L]):
-    """Room for one store job (`BoundedIndex.reserve`). `verdicts[i]` is the verdict
-    for `keys[i]`; `evicted` are the entries evicted to make room (delete their
-    storage). `commit` each key copied, then `close` (idempotent; also a context
-    manager): it releases what was not committed and the job's pins."""
-
-    __slots__ = ("keys", "verdicts", "evicted", "_index", "_sizes", "_held", "_open")
-
-    def __init__(self, index: BoundedIndex[L], keys: list[bytes], verdicts: list[Verdict],
-                 sizes: dict[bytes, int], held: list[tuple[bytes, _Entry[L]]],
-                 evicted: list[tuple[bytes, L]]):
-        self.keys = keys
-        self.verdicts = verdicts
-        self.evicted = evicted
-        self._index = index
-        self._sizes = sizes  # RESERVED keys not committed yet -> reserved bytes
-        self._held = held  # entries pinned for the job
-        self._open = True
-
-    def commit(self, key: bytes, location: L) -> bool:
-        """The copy of a RESERVED `key` is in place at `location`: make it visible.
-        False when another job committed the key meanwhile (the existing entry is
-        kept; discard this copy). Raises KeyError for a key not reserved here."""
-        if not self._open:
-            raise RuntimeError("commit on a closed reservation")
-        size = self._sizes.pop(key)
-        return self._index._commit(key, location, size, self._held)
-
-    def close(self) -> None:
-        if not self._open:
-            return
-        self._open = False
-        released = sum(self._sizes.values())
-        self._sizes.clear()
-        self._index._end_reservation(released, self._held)
-        self._held = []
-
-    def __enter__(self) -> Reservation[L]:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+_PIN, _UNPIN, _TOUCH = 0, 1, 2
+#: queued mode: `pin`/`touch` apply the queue themselves past this length (lock free)
+DRAIN_AT = 256
+#: queued mode: touches beyond this many queued operations are dropped (recency is
+#: best effort; pins and releases are never dropped)
+MAX_QUEUED = 1 << 16
 
 
 class BoundedIndex(Generic[L]):
     """See the module doc. `capacity_bytes` bounds committed + reserved bytes."""
 
     def __init__(self, policy: EvictionPolicy, capacity_bytes: int, *,
-                 on_removed: RemovedFn | None = None):
+                 on_removed: RemovedFn | None = None, queued: bool = False):
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
+        self._queued = queued
+        self._ops: deque[tuple[int, Any]] = deque()
         self._policy = policy
         self._capacity = capacity_bytes
         self._on_removed = on_removed
@@ -218,17 +129,29 @@ class BoundedIndex(Generic[L]):
     # Scheduler-thread operations: O(1) per key.
 
     def touch(self, keys: Iterable[bytes]) -> None:
-        """Record a use of each present key."""
+        """Record a use of each present key (queued mode: when the queue is applied)."""
+        if self._queued:
+            if len(self._ops) < MAX_QUEUED:
+                self._ops.append((_TOUCH, list(keys)))
+            self._drain_if_long()
+            return
         with self._lock:
-            entries, policy = self._entries, self._policy
-            for key in keys:
-                if key in entries:
-                    policy.touch(key)
+            self._touch_locked(keys)
 
     def pin(self, keys: Sequence[bytes]) -> Pins[L]:
-        """Pin the present `keys` (reference-counted) until the result is released."""
+        """Pin the present `keys` (reference-counted) until the result is released.
+        Queued mode: the pins apply when the queue does (always before an eviction)."""
         held: list[tuple[bytes, _Entry[L]]] = []
         locations: list[L | None] = []
+        if self._queued:
+            entries = self._entries
+            for key in keys:
+                entry = entries.get(key)
+                locations.append(None if entry is None else entry.location)
+            pins = Pins(self, keys, held, locations)
+            self._ops.append((_PIN, pins))
+            self._drain_if_long()
+            return pins
         with self._lock:
             for key in keys:
                 entry = self._entries.get(key)
@@ -252,6 +175,7 @@ class BoundedIndex(Generic[L]):
         held: list[tuple[bytes, _Entry[L]]] = []
         evicted: list[tuple[bytes, L]] = []
         with self._lock:
+            self._drain_locked()
             entries = self._entries
             # Present keys first: pinned, they cannot be evicted for the job's others.
             for key, _ in items:
@@ -279,6 +203,7 @@ class BoundedIndex(Generic[L]):
         fit - so the caller deletes their storage. Raises KeyError if present."""
         evicted: list[tuple[bytes, L]] = []
         with self._lock:
+            self._drain_locked()
             if key in self._entries:
                 raise KeyError(f"{key.hex()} is in the index already")
             fits = self._make_room_locked(size, evicted)
@@ -292,6 +217,7 @@ class BoundedIndex(Generic[L]):
         when given (drop the copy found corrupt, not a newer one). Its location, or
         None when nothing was removed."""
         with self._lock:
+            self._drain_locked()
             entry = self._entries.get(key)
             if entry is None or (location is not ... and entry.location != location):
                 return None
@@ -302,20 +228,102 @@ class BoundedIndex(Generic[L]):
     def clear(self) -> list[tuple[bytes, L]]:
         """Forget every entry (reservations in flight keep their bytes)."""
         with self._lock:
+            self._drain_locked()
             gone = [(k, e.location) for k, e in self._entries.items()]
             for key, entry in list(self._entries.items()):
                 self._drop_locked(key, entry)
         self._removed([k for k, _ in gone])
         return gone
 
+    # Fed from outside (shared storage: see the module doc). The caller's threads.
+
+    def adopt(self, items: Iterable[tuple[bytes, L, int]]) -> int:
+        """Insert committed entries `(key, location, size)` as they are, without
+        evicting: the storage holds them already and whoever put them there made
+        room (another process's commits read from a journal; a start-up load). Each
+        becomes the newest; a key present is left as it is. Usage may pass the
+        capacity for a while (the next `reserve`/`hold` evicts first). One lock
+        hold for all: pass pieces. Returns how many were inserted."""
+        n = added = 0
+        with self._lock:
+            self._drain_locked()
+            entries, insert = self._entries, self._policy.insert
+            for key, location, size in items:  # `_insert_locked`, inlined: start-up speed
+                if key not in entries:
+                    entries[key] = _Entry(location, size)
+                    insert(key)
+                    added += size
+                    n += 1
+            self._committed += added
+            self._evictable += added
+        return n
+
+    def hold(self, size: int, *, evict: bool = True) -> list[tuple[bytes, L]] | None:
+        """Count `size` bytes against capacity for a store in flight that is not a
+        `reserve` of this index (another process's intent; the tier's own, when its
+        reservation must be journaled first). With `evict`, unpinned entries are
+        evicted to make room (returned, and reported to `on_removed`, as for
+        `reserve`), and None means it cannot fit (nothing evicted, nothing counted);
+        without, the bytes are counted whatever the usage (room was made elsewhere).
+        `release` the bytes when that store ends."""
+        if size < 0:
+            raise ValueError(f"size must be >= 0, got {size}")
+        evicted: list[tuple[bytes, L]] = []
+        with self._lock:
+            self._drain_locked()
+            if evict and not self._make_room_locked(size, evicted):
+                return None
+            self._reserved += size
+        self._removed([k for k, _ in evicted])
+        return evicted
+
+    def release(self, size: int) -> None:
+        """Give back `size` bytes counted by `hold` (that store committed - `adopt`
+        its entry - or failed)."""
+        with self._lock:
+            if size > self._reserved:
+                raise ValueError(f"release of {size} bytes, {self._reserved} held")
+            self._reserved -= size
+
+    def size_of(self, key: bytes) -> int | None:
+        """The size of committed `key`, or None (lock-free)."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.size
+
+    def order(self) -> list[bytes]:
+        """Committed keys in eviction order (victims first, pinned last): `export`
+        before encoding. O(entries) under the lock: in queued mode the scheduler's
+        calls do not wait for it."""
+        with self._lock:
+            self._drain_locked()
+            return cast(list[bytes], self._policy.export())  # a new list: the caller's
+
+    def items(self) -> list[tuple[bytes, L, int]]:
+        """Committed entries `(key, location, size)` in eviction order (as `order`),
+        for a snapshot of the index. O(entries) under the lock."""
+        with self._lock:
+            self._drain_locked()
+            entries = self._entries
+            return [(k, e.location, e.size) for k in self._policy.export()
+                    if (e := entries.get(k)) is not None]
+
+    def apply_queued(self) -> int:
+        """Queued mode: apply the queued pins, releases and touches now (every call
+        that takes the lock does so first). Returns how many operations applied."""
+        with self._lock:
+            return self._drain_locked()
+
+    @property
+    def queued(self) -> int:
+        """Operations waiting to be applied (queued mode)."""
+        return len(self._ops)
+
     # Recency.
 
     def export(self) -> list[str]:
         """Keys in eviction order (victims first, pinned last) as hex strings:
         JSON-ready. The order is copied under the lock and encoded outside it."""
-        with self._lock:
-            order = self._policy.export()
-        return [bytes(k).hex() for k in order]
+        return [bytes(k).hex() for k in self.order()]
 
     def restore(self, state: Iterable[Any]) -> int:
         """Apply an `export()`: the entries it names (present now) become the
@@ -331,6 +339,7 @@ class BoundedIndex(Generic[L]):
             except ValueError:
                 raise ValueError(f"recency entry is not hex: {item!r:.80}") from None
         with self._lock:
+            self._drain_locked()
             entries, policy = self._entries, self._policy
             named = [k for k in keys if k in entries]
             chosen = set(named)
@@ -346,6 +355,7 @@ class BoundedIndex(Generic[L]):
     def view(self) -> IndexView[L]:
         """A copy of the whole state: O(entries) - tests and tools only."""
         with self._lock:
+            self._drain_locked()
             entries = {k: EntryView(e.location, e.size, e.pins)
                        for k, e in self._entries.items()}
             order = list(self._policy.export())
@@ -360,9 +370,47 @@ class BoundedIndex(Generic[L]):
             self._policy.pin(key)
             self._evictable -= entry.size
 
-    def _unpin(self, held: Iterable[tuple[bytes, _Entry[L]]]) -> None:
+    def _release(self, pins: Pins[L]) -> None:
+        if self._queued:
+            self._ops.append((_UNPIN, pins))
+            self._drain_if_long()
+            return
         with self._lock:
-            self._unpin_locked(held)
+            self._unpin_locked(pins._held)
+            pins._held = []
+
+    def _touch_locked(self, keys: Iterable[bytes]) -> None:
+        entries, policy = self._entries, self._policy
+        for key in keys:
+            if key in entries:
+                policy.touch(key)
+
+    def _drain_locked(self) -> int:
+        """Apply the queued operations there are now (the queue may grow meanwhile)."""
+        ops = self._ops
+        n = len(ops)
+        for _ in range(n):
+            op, arg = ops.popleft()
+            if op == _TOUCH:
+                self._touch_locked(arg)
+            elif op == _PIN:
+                entries, held = self._entries, arg._held
+                for key in arg.keys:
+                    entry = entries.get(key)
+                    if entry is not None:
+                        self._pin_locked(key, entry)
+                        held.append((key, entry))
+            else:
+                self._unpin_locked(arg._held)
+                arg._held = []
+        return n
+
+    def _drain_if_long(self) -> None:
+        if len(self._ops) > DRAIN_AT and self._lock.acquire(blocking=False):
+            try:
+                self._drain_locked()
+            finally:
+                self._lock.release()
 
     def _unpin_locked(self, held: Iterable[tuple[bytes, _Entry[L]]]) -> None:
         entries = self._entries
@@ -419,6 +467,7 @@ class BoundedIndex(Generic[L]):
     def _commit(self, key: bytes, location: L, size: int,
                 held: list[tuple[bytes, _Entry[L]]]) -> bool:
         with self._lock:
+            self._drain_locked()
             self._reserved -= size
             if key in self._entries:
                 return False
@@ -430,6 +479,7 @@ class BoundedIndex(Generic[L]):
 
     def _end_reservation(self, released: int, held: list[tuple[bytes, _Entry[L]]]) -> None:
         with self._lock:
+            self._drain_locked()
             self._reserved -= released
             self._unpin_locked(held)
 

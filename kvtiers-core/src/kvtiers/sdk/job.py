@@ -6,6 +6,14 @@ bytes it moved) or failed with a `FailureReason`. Work items settle their keys b
 returning; a start hook settles the keys it does no I/O for (`succeed`, `fail`);
 an end hook may still fail a key that succeeded (a commit that did not happen).
 A key nobody settled is a tier bug: it fails with `io`, and the engine logs it.
+
+A work item that must wait for something outside the tier's I/O (another writer's
+copy of the same block, say) does not sleep on its thread: it returns
+`job.defer(i)`, a `Deferred` that any thread settles later (`succeed`, `fail`) or
+hands back to the engine to run the item again (`resume`). Exactly once still
+holds: the first of those calls, the job's deadline and `close` wins; the job is
+reported only once the deferred key is settled. Engines that support it:
+`JobEngine` (an `AsyncJobEngine` item awaits instead).
 """
 
 from __future__ import annotations
@@ -14,18 +22,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from kvtiers.clock import Clock
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.stats import StatsRecorder
 
-__all__ = ["CrashHook", "EndHook", "Job", "JobFlow", "JobLedger", "Outcome", "StartHook"]
-
-#: what a work item returns for one key: None (it succeeded) or why it failed
-#: (anything else is a tier bug and counts as `io`)
-Outcome = FailureReason | None
+__all__ = ["CrashHook", "Deferred", "EndHook", "Job", "JobFlow", "JobLedger", "Outcome",
+           "StartHook"]
 
 
 def _reason(value: object) -> FailureReason:
@@ -33,6 +38,76 @@ def _reason(value: object) -> FailureReason:
         return FailureReason(value)
     except ValueError:
         return FailureReason.IO
+
+
+class Deferred:
+    """The outcome of key `index` of `job`, settled later (`Job.defer`). Thread-safe:
+    any thread may call `succeed`, `fail` or `resume`; the first call, the job's
+    deadline (the engine fails the key with `timeout` once it passes) or the
+    engine's `close` (`closed`) settles it, and every later call returns False and
+    does nothing. So whoever holds a handle checks the result: a False `resume`
+    means no item will run, and what the tier took for it (a reservation) is to be
+    given back by the tier.
+
+    While deferred, the tier does no I/O on the key's slot: the engine may report
+    the job as soon as the key is settled (by its deadline, say), and then nothing
+    of the tier may touch the job's slots. I/O that the wait ends in is done by the
+    item run again (`resume`), on an engine thread, under the usual rules.
+
+    A job without a deadline waits as long as its deferred keys do: the tier bounds
+    the wait itself."""
+
+    __slots__ = ("job", "index", "_engine", "_done")
+
+    def __init__(self, job: Job, index: int, engine: Deferrer):
+        self.job = job
+        self.index = index
+        self._engine = engine
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """Settled or resumed already (by anyone, the deadline or close included)."""
+        return self._done
+
+    def succeed(self, moved: int | None = None) -> bool:
+        """The key succeeded, having moved `moved` bytes (default: the engine's block
+        bytes; 0 when nothing was copied, say another writer's copy is the block).
+        False when it was settled already."""
+        return self._engine.settle_deferred(self, None, moved)
+
+    def fail(self, reason: FailureReason) -> bool:
+        """The key failed with `reason`. False when it was settled already."""
+        return self._engine.settle_deferred(self, FailureReason(reason), None)
+
+    def resume(self) -> bool:
+        """Run the key's work item again, from the head of the job's queue, on an
+        engine thread (deadline and close apply as to any item); `job.state` says
+        what it is to do now. False when it was settled already (nothing runs)."""
+        return self._engine.resume_deferred(self)
+
+    def _claim(self) -> bool:
+        """Engine side, under the engine's deferral lock: take the right to settle."""
+        if self._done:
+            return False
+        self._done = True
+        return True
+
+
+#: what a work item returns for one key: None (it succeeded), why it failed, or the
+#: `Deferred` of `job.defer(i)` (anything else is a tier bug and counts as `io`)
+Outcome = FailureReason | Deferred | None
+
+
+class Deferrer(Protocol):
+    """What an engine that supports `Job.defer` provides (engine-internal)."""
+
+    def defer(self, job: Job, i: int) -> Deferred: ...
+
+    def settle_deferred(self, d: Deferred, outcome: FailureReason | None,
+                        moved: int | None) -> bool: ...
+
+    def resume_deferred(self, d: Deferred) -> bool: ...
 
 
 class Job:
@@ -43,7 +118,8 @@ class Job:
     Items of one job may run on several threads at once: each settles only its own
     indices, so the only shared counter is guarded by the job's lock."""
 
-    __slots__ = ("transfer", "load", "state", "started", "_clock", "_out", "_left", "_lock")
+    __slots__ = ("transfer", "load", "state", "started", "_clock", "_out", "_left", "_lock",
+                 "_deferrer")
 
     def __init__(self, transfer: TransferJob, load: bool, state: Any, clock: Clock):
         self.transfer = transfer
@@ -56,6 +132,7 @@ class Job:
         self._out: list[int | FailureReason | None] = [None] * len(transfer.keys)
         self._left = 0  # queued or running work units (items, or the start hook)
         self._lock = threading.Lock()
+        self._deferrer: Deferrer | None = None  # set by an engine that supports `defer`
 
     @property
     def job_id(self) -> int:
@@ -92,6 +169,16 @@ class Job:
     def settled(self, i: int) -> bool:
         return self._out[i] is not None
 
+    def defer(self, i: int) -> Deferred:
+        """For a work item of key `i` that must wait for something else (see
+        `Deferred`): the item returns this handle at once, and the key is settled
+        when the handle is (or by the deadline, or close). Raises RuntimeError on an
+        engine without deferral."""
+        if self._deferrer is None:
+            raise RuntimeError("this engine cannot defer a key (JobEngine can; an "
+                               "AsyncJobEngine item awaits instead)")
+        return self._deferrer.defer(self, i)
+
     # Engine side.
 
     def _begin(self) -> None:
@@ -104,11 +191,15 @@ class Job:
 
     def _settle(self, indices: Sequence[int], outcomes: Sequence[Outcome], moved: int,
                 units: int) -> bool:
-        """Record item outcomes (None: succeeded, `moved` bytes) and retire `units`
-        work units. True for the call that retired the job's last unit."""
+        """Record item outcomes (None: succeeded, `moved` bytes; a `Deferred`: later)
+        and retire `units` work units. True for the call that retired the job's last
+        unit."""
         out = self._out
         for i, outcome in zip(indices, outcomes, strict=True):
-            out[i] = moved if outcome is None else _reason(outcome)
+            if outcome is None:
+                out[i] = moved
+            elif not isinstance(outcome, Deferred):  # a deferred key is its handle's
+                out[i] = _reason(outcome)
         with self._lock:
             self._left -= units
             return self._left == 0

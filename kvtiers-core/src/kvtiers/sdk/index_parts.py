@@ -1,0 +1,132 @@
+"""What a `BoundedIndex` (`kvtiers.sdk.index`) hands out and shows: the `Verdict` of
+a reservation, `Pins`, the `Reservation` of a store job, and the `IndexView` copy.
+Their methods call back into the index, which owns every count."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from kvtiers.sdk.index import BoundedIndex
+
+__all__ = ["EntryView", "IndexView", "Pins", "Reservation", "Verdict"]
+
+L = TypeVar("L")
+
+
+class Verdict(enum.Enum):
+    """What `reserve` decided for one key of a store job."""
+
+    PRESENT = "present"  # committed already: nothing to copy (touched, pinned for the job)
+    RESERVED = "reserved"  # room is counted for it: copy, then `commit`
+    FULL = "full"  # cannot fit without evicting pinned entries or the job's own
+
+
+class _Entry(Generic[L]):
+    __slots__ = ("location", "size", "pins")
+
+    def __init__(self, location: L, size: int):
+        self.location = location
+        self.size = size
+        self.pins = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EntryView(Generic[L]):
+    location: L
+    size: int
+    pins: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexView(Generic[L]):
+    """A copy of an index's state (`BoundedIndex.view`), for tests and tools."""
+
+    entries: Mapping[bytes, EntryView[L]]
+    #: keys in eviction order (the policy's export: victims first, pinned last)
+    order: Sequence[bytes]
+    capacity_bytes: int
+    committed_bytes: int  # sizes of the entries
+    reserved_bytes: int  # counted for stores in flight (reservations, holds), not committed
+    evictable_bytes: int  # committed and unpinned
+    evictions: int  # entries evicted since the index was made
+
+    @property
+    def used_bytes(self) -> int:
+        """What counts against capacity: committed plus reserved."""
+        return self.committed_bytes + self.reserved_bytes
+
+
+class Pins(Generic[L]):
+    """Entries pinned by one caller (`BoundedIndex.pin`); `locations[i]` is the
+    location of `keys[i]`, None where it was absent (nothing pinned for it).
+    `release()` (idempotent) gives the pins back; also a context manager."""
+
+    __slots__ = ("keys", "locations", "_index", "_held", "_released")
+
+    def __init__(self, index: BoundedIndex[L], keys: Sequence[bytes],
+                 held: list[tuple[bytes, _Entry[L]]], locations: list[L | None]):
+        self.keys = keys
+        self.locations = locations
+        self._index = index
+        # entries pinned (in queued mode: filled when the queue is applied)
+        self._held = held
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._index._release(self)
+
+    def __enter__(self) -> Pins[L]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Reservation(Generic[L]):
+    """Room for one store job (`BoundedIndex.reserve`). `verdicts[i]` is the verdict
+    for `keys[i]`; `evicted` are the entries evicted to make room (delete their
+    storage). `commit` each key copied, then `close` (idempotent; also a context
+    manager): it releases what was not committed and the job's pins."""
+
+    __slots__ = ("keys", "verdicts", "evicted", "_index", "_sizes", "_held", "_open")
+
+    def __init__(self, index: BoundedIndex[L], keys: list[bytes], verdicts: list[Verdict],
+                 sizes: dict[bytes, int], held: list[tuple[bytes, _Entry[L]]],
+                 evicted: list[tuple[bytes, L]]):
+        self.keys = keys
+        self.verdicts = verdicts
+        self.evicted = evicted
+        self._index = index
+        self._sizes = sizes  # RESERVED keys not committed yet -> reserved bytes
+        self._held = held  # entries pinned for the job
+        self._open = True
+
+    def commit(self, key: bytes, location: L) -> bool:
+        """The copy of a RESERVED `key` is in place at `location`: make it visible.
+        False when another job committed the key meanwhile (the existing entry is
+        kept; discard this copy). Raises KeyError for a key not reserved here."""
+        if not self._open:
+            raise RuntimeError("commit on a closed reservation")
+        size = self._sizes.pop(key)
+        return self._index._commit(key, location, size, self._held)
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        released = sum(self._sizes.values())
+        self._sizes.clear()
+        self._index._end_reservation(released, self._held)
+        self._held = []
+
+    def __enter__(self) -> Reservation[L]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
