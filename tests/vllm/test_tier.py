@@ -417,6 +417,29 @@ def test_version_check_when_vllm_is_missing(monkeypatch: pytest.MonkeyPatch) -> 
         compat.require_vllm()
 
 
+def test_on_an_unsupported_vllm_the_tier_refuses_and_the_plugin_stays_out(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Importing the tier module checks the version; the entry point warns and
+    registers nothing, so vLLM itself keeps working."""
+    import kvtiers_vllm.plugin
+    import kvtiers_vllm.tier
+
+    monkeypatch.setattr(compat, "installed_vllm", lambda: "0.34.1")
+    with pytest.raises(compat.UnsupportedVllmError, match=r"0\.34\.1 \(supported: vLLM 0\.33\.x\)"):
+        importlib.reload(kvtiers_vllm.tier)
+    monkeypatch.setattr(kvtiers_vllm.plugin, "installed_vllm", lambda: "0.34.1")
+
+    def refuse(*args: Any) -> None:
+        raise AssertionError("registered on an unsupported vLLM")
+
+    monkeypatch.setattr(SecondaryTierFactory, "register_tier", refuse)
+    monkeypatch.setattr(OffloadingSpecFactory, "register_spec", refuse)
+    with caplog.at_level(logging.WARNING, logger="kvtiers_vllm.plugin"):
+        register()
+    assert "not registering with vLLM 0.34.1 (supported: vLLM 0.33.x)" in caplog.text
+
+
 def test_entry_point_registers_the_tier_and_the_spec() -> None:
     """The installed distribution's `vllm.general_plugins` entry point (what vLLM runs
     in each of its processes) registers both names, lazily, and tolerates running
