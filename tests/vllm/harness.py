@@ -462,8 +462,13 @@ class Engine:
         return connector
 
     @property
-    def spec(self) -> Any:
-        return self.connector.scheduler.spec if hasattr(self.connector.scheduler, "spec") else None
+    def worker_spec(self) -> Any:
+        """The worker-role connector's spec (the scheduler's connector builds its own
+        instance of the same class, which vLLM does not keep: reach it through the
+        manager or its tiers)."""
+        connector_worker = self.worker_connector.connector_worker
+        assert connector_worker is not None
+        return connector_worker.spec
 
     @property
     def manager(self) -> Any:
@@ -630,8 +635,7 @@ class Engine:
             try:
                 self.scheduler.shutdown()
             finally:
-                region = getattr(self.worker_connector.connector_worker, "spec", None)
-                region = getattr(region, "_harness_region", None)
+                region = getattr(self.worker_spec, "_harness_region", None)
                 if region is not None:
                     region.cleanup()
                 remove_shm(self.engine_id)

@@ -189,6 +189,28 @@ def test_two_kv_cache_groups_by_module_path(make_engine: MakeEngine, tmp_path: P
     assert tier.tier.stats().blocks_read == len(held)
 
 
+def test_chunks_of_two_blocks(make_engine: MakeEngine, tmp_path: Path) -> None:
+    """vLLM's chunks of two GPU blocks (`blocks_per_chunk`): a kvtiers block is one
+    chunk (the namespace says 32 tokens), and the round trip stays byte-identical."""
+    extra = extra_config([kvtiers_entry(tmp_path / "fs")], cpu_chunks=16)
+    extra["blocks_per_chunk"] = 2
+    extra["cpu_bytes_to_use"] = 16 * 2 * CHUNK_BYTES
+    engine = make_engine(extra, num_blocks=16)
+    tier = kvtiers_tier(engine)
+    assert [g.tokens_per_block for g in tier.namespace.groups] == [2 * harness.BLOCK]
+    tokens = prompt(random.Random(13), 128)
+    engine.add("first", tokens, max_tokens=1)
+    engine.run()
+    chunks = len(tokens) // (2 * harness.BLOCK)
+    assert tier.tier.stats().blocks_written == chunks
+    assert engine.scheduler.reset_prefix_cache(reset_connector=True)
+    engine.settle()
+    engine.add("again", tokens, max_tokens=1)
+    loaded = sum(r.loaded_pages for r in engine.run())
+    assert tier.tier.stats().blocks_read == chunks
+    assert loaded == engine.pages_checked and loaded >= 2 * chunks - 1
+
+
 def test_reset_cache_drains_the_tier_and_keeps_its_blocks(
     make_engine: MakeEngine, tmp_path: Path
 ) -> None:
