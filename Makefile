@@ -3,29 +3,34 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_STAMP := $(VENV)/.installed-vllm
 
 .PHONY: setup test bench plugins lint clean
 
 # Every local distribution (kvtiers-core, kvtiers-fs, ...) is installed editable.
 DISTS := $(wildcard kvtiers-*/pyproject.toml)
 
-$(STAMP): requirements-dev.txt requirements-vllm.txt $(DISTS)
+$(STAMP): requirements-dev.txt $(DISTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: an unpinned resolve pulls a multi-GB CUDA build. The
 	# distributions do not depend on it (kvtiers-core[torch] is an extra); dev and CI
 	# install it for the worker-side and bench tests.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -r requirements-dev.txt
-	# vLLM for tests/vllm, without its dependencies (they pull CUDA builds): the pinned
-	# set its scheduler and offloading code import. A few minutes, ~2 GB.
-	$(BIN)/pip install -q --no-deps -r requirements-vllm.txt
 	$(BIN)/pip install -q $(foreach d,$(DISTS),-e $(dir $(d)))
 	touch $(STAMP)
+
+# vLLM for tests/vllm (the test command only; the bench does not need it), without
+# its dependencies (they pull CUDA builds): the pinned set its scheduler and
+# offloading code import. A few minutes, ~2 GB.
+$(VLLM_STAMP): $(STAMP) requirements-vllm.txt
+	$(BIN)/pip install -q --no-deps -r requirements-vllm.txt
+	touch $(VLLM_STAMP)
 
 setup: $(STAMP)
 
 # The test command: lint (ruff, mypy strict), then the whole suite.
-test: setup
+test: setup $(VLLM_STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy $(TYPED_PATHS)
 	$(BIN)/python -m pytest -q tests
@@ -40,7 +45,7 @@ TYPED_PATHS := kvtiers-core/src kvtiers-fs/src kvtiers-vllm/src tests/vllm \
 	examples/kvtiers-scratch/src examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src \
 	examples/embedding
 
-lint: setup
+lint: setup $(VLLM_STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy $(TYPED_PATHS)
 
