@@ -143,6 +143,8 @@ class Checker:
                     join(path, "type"), f"expected a tier name (a string), found {found(name)}"
                 )
             return None
+        if self.vllm and _is_vllm_wrapper(raw):
+            return self._vllm_wrapper(raw, path, depth)
         try:
             record = self.registry.get("tier", name).record
         except UnknownNameError as exc:
@@ -166,6 +168,35 @@ class Checker:
             depth=depth,
         )
         return TierSection(name, freeze(options), path)
+
+    def _vllm_wrapper(self, raw: dict[str, Any], path: str, depth: int) -> TierSection | None:
+        """kvtiers-vllm's tier entry of vLLM's config (`{"type": "kvtiers", "tier":
+        {...}}`): vLLM runs the kvtiers tier in `tier` below its own CPU tier, so that
+        section is what this config's stack holds there; the entry's own options are
+        vLLM's (checked here as kvtiers-vllm checks them)."""
+        for key in sorted(set(raw) - _WRAPPER_KEYS):
+            self.warnings.append(
+                f"{join(path, key)}: not an option of kvtiers-vllm's tier entry "
+                f"(known: {', '.join(sorted(_WRAPPER_KEYS))}); kvtiers-vllm ignores it"
+            )
+        for key, allowed in (("medium", ("STORAGE", "CPU")), ("locality", ("LOCAL", "REMOTE"))):
+            value = raw.get(key)
+            if value is not None and not (isinstance(value, str) and value.upper() in allowed):
+                self.problem(join(path, key), f"expected one of {', '.join(allowed)}, "
+                             f"found {found(value)}")  # fmt: skip
+        events = raw.get("enable_kv_events", True)
+        if not isinstance(events, bool):
+            self.problem(join(path, "enable_kv_events"), f"expected true or false, found "
+                         f"{found(events)}")  # fmt: skip
+        if "tier" not in raw:
+            self.problem(
+                join(path, "tier"),
+                "missing; expected the kvtiers tier section that vLLM runs through "
+                'kvtiers-vllm (for example {"type": "fs", "root_dir": "/mnt/nvme/kv", '
+                '"capacity_bytes": 1000000000000})',
+            )
+            return None
+        return self.tier(raw["tier"], join(path, "tier"), depth + 1)
 
     # -- helpers ----------------------------------------------------------------
 
@@ -241,3 +272,17 @@ class Checker:
                 continue
             node[parts[-1]] = copy.deepcopy(options.pop(vllm_key))
             renames[parts] = (vllm_key,)
+
+
+# kvtiers-vllm's entry in vLLM's `secondary_tiers`: by the short name its vLLM plugin
+# registers, or by class and module.
+_WRAPPER_KEYS = frozenset(
+    {"type", "module_path", "tier", "medium", "locality", "enable_kv_events", "backpressure"}
+)
+
+
+def _is_vllm_wrapper(raw: Mapping[str, Any]) -> bool:
+    name, module = raw.get("type"), raw.get("module_path")
+    if module is None:
+        return name == "kvtiers"
+    return name == "KvtiersTier" and module == "kvtiers_vllm.tier"
