@@ -32,8 +32,8 @@ bench: setup
 
 # ruff with the rules of pyproject.toml, mypy strict on the distributions' sources
 # and on the example tiers docs/plugins.md shows (what authors copy must type-check).
-LINT_PATHS := kvtiers-core kvtiers-fs tests bench examples
-TYPED_PATHS := kvtiers-core/src kvtiers-fs/src examples/kvtiers-scratch/src \
+LINT_PATHS := kvtiers-core kvtiers-fs kvtiers-p2p/src tests bench examples
+TYPED_PATHS := kvtiers-core/src kvtiers-fs/src kvtiers-p2p/src tests/p2p examples/kvtiers-scratch/src \
 	examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src
 
 lint: setup
