@@ -53,6 +53,16 @@ P2P_SCHEMA: Mapping[str, Any] = {
                 "(the default): this engine only pulls and serves nobody"
             ),
         },
+        "data_parallel_rank": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 4096,
+            "default": 0,
+            "description": (
+                "this engine's data-parallel rank: a non-zero port is offset by it, so "
+                "the replicas on one host do not collide (as vLLM's p2p tier does)"
+            ),
+        },
         "peers": {
             "type": "array",
             "items": _ENDPOINT,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,10 @@ import zmq.auth
 from kvtiers.errors import KvtiersError
 
 __all__ = ["CurveKeys", "KeyFileError", "keygen", "load_public", "load_secret"]
+
+
+#: the ZAP domain of the servers' sockets (the authenticator's keys are per domain)
+ZAP_DOMAIN = "kvtiers-p2p"
 
 
 class KeyFileError(KvtiersError):
@@ -93,7 +98,7 @@ class CurveKeys:
     server_public: bytes | None = None
 
     @classmethod
-    def from_config(cls, section: dict[str, Any]) -> CurveKeys:
+    def from_config(cls, section: Mapping[str, Any]) -> CurveKeys:
         public, secret = load_secret(section["secret_key_file"])
         allowed = section.get("allowed_keys_dir")
         if allowed is not None and not Path(allowed).is_dir():
@@ -106,7 +111,7 @@ class CurveKeys:
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
         sock.curve_server = True
-        sock.zap_domain = b"kvtiers-p2p"
+        sock.zap_domain = ZAP_DOMAIN.encode()
 
     def apply_client(self, sock: zmq.Socket[Any]) -> None:
         if self.server_public is None:
@@ -123,7 +128,7 @@ class CurveKeys:
         auth = ThreadAuthenticator(context)
         auth.start()
         if self.allowed_dir is not None:
-            auth.configure_curve(domain="*", location=self.allowed_dir)
+            auth.configure_curve(domain=ZAP_DOMAIN, location=self.allowed_dir)
         else:
-            auth.configure_curve(domain="*", location=os.devnull)
+            auth.configure_curve(domain=ZAP_DOMAIN, location=os.devnull)
         return auth

@@ -195,6 +195,8 @@ class P2PTier(SecondaryTier):
         if port is None:
             self._log.info("p2p: no port configured; serving no peers")
             return
+        if port:
+            port += self.config["data_parallel_rank"]
         keepalive = self.config["keepalive"]
         limits = ServeLimits(
             keepalive_s=keepalive["interval_s"], session_timeout_s=keepalive["timeout_s"],
@@ -279,9 +281,9 @@ class P2PTier(SecondaryTier):
         for (_, idx), outcomes in zip(groups, results, strict=True):
             for i, outcome in zip(idx, outcomes, strict=True):
                 out[i] = outcome
-                if outcome is not None:
+                if outcome is not None:  # a miss for a while, not a probe and a retry
                     self._where.pop(keys[i], None)
-                    self._probe.forget(keys[i])
+                    self._probe.record(keys[i], False)
         return [out[i] for i in indices]
 
     async def _load_one(self, job: Job, i: int) -> Outcome:
