@@ -84,6 +84,7 @@ CLIENT = [
 ]
 SERVER = [
     Welcome("b", 1.0, PLANE),
+    Welcome("b", 1.0, PLANE, 16),
     Refused("namespace mismatch"),
     LookupReply(1, bytes([State.PRESENT, State.ABSENT, State.PENDING])),
     TransferDone(2, bytes([State.PRESENT, State.REFUSED]), [(1 << 64) - 1]),
@@ -160,6 +161,8 @@ def test_a_server_rejects(data: bytes, why: str) -> None:
     (raw("done", 1, b"\x01", [-5]), "malformed"),
     (raw("welcome", "b", 0.0, ["zmq", 1, 4096]), "malformed"),
     (raw("welcome", "b", 1.0, ["zmq", 1 << 30, 1 << 20]), "256 TiB"),
+    (raw("welcome", "b", 1.0, ["zmq", 1, 4096], 0), "malformed"),
+    (raw("welcome", "b", 1.0, ["zmq", 1, 4096], MAX_KEYS + 1), "malformed"),
 ])
 def test_a_puller_rejects(data: bytes, why: str) -> None:
     with pytest.raises(ProtocolError, match=why):

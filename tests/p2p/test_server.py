@@ -151,7 +151,7 @@ def test_blocks_ship_with_their_checksums_and_their_pins_are_released(
 
 
 def test_a_peer_cannot_pin_more_than_its_share(server: Engine, raw: RawPeer) -> None:
-    raw.hello(server)
+    assert raw.hello(server).max_fetch == 8  # told at the handshake
     keys = keys_for("a", 12)
     raw.send(encode(Fetch(6, keys, list(range(12)))))
     reply, frames = raw.recv()

@@ -38,6 +38,7 @@ from kvtiers.sdk.job import Outcome
 
 from kvtiers_p2p.codec import ProtocolError, decode_server, encode
 from kvtiers_p2p.protocol import (
+    MAX_KEYS,
     Abort,
     Disconnect,
     ErrorReply,
@@ -91,6 +92,7 @@ class PeerLink:
         self.reason = ""
         self.peer_id = ""
         self.sessions = 0  # sessions that reached ready (tests watch reconnects)
+        self.max_fetch = MAX_KEYS  # the server's, from its Welcome
         self._sock: zmq.asyncio.Socket | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
@@ -137,7 +139,22 @@ class PeerLink:
 
     async def fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
                     timeout: float) -> list[Outcome]:
-        """Pull `keys` into `slots` of the pool; one outcome per key."""
+        """Pull `keys` into `slots` of the pool; one outcome per key. Split into
+        fetches of at most the server's `max_fetch` blocks, one after the other
+        (within one `timeout` in all)."""
+        per = self.max_fetch
+        if len(keys) <= per:
+            return await self._fetch(keys, slots, timeout)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        out: list[Outcome] = []
+        for first in range(0, len(keys), per):
+            out += await self._fetch(keys[first:first + per], slots[first:first + per],
+                                     end - loop.time())
+        return out
+
+    async def _fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
+                     timeout: float) -> list[Outcome]:
         n = len(keys)
         if not self.ready:
             return [FailureReason.IO] * n
@@ -276,6 +293,7 @@ class PeerLink:
             if self.state == CONNECTING:
                 self.state = READY
                 self.peer_id = message.peer_id
+                self.max_fetch = message.max_fetch
                 self.sessions += 1
                 self.reason = ""
                 self.ready_event.set()

@@ -132,6 +132,8 @@ class Welcome(_Message, tag="welcome"):
     peer_id: _Name
     keepalive_s: _Seconds
     data_plane: DataPlane
+    #: blocks one Fetch may ask for (the puller's pin budget here); more are REFUSED
+    max_fetch: Annotated[int, msgspec.Meta(ge=1, le=MAX_KEYS)] = MAX_KEYS
 
 
 class Refused(_Message, tag="refused"):

@@ -45,6 +45,7 @@ from kvtiers.pool_view import PoolView
 from kvtiers_p2p.codec import ProtocolError, check_slots, decode_client, encode
 from kvtiers_p2p.handshake import Identity, choose_plane, refusal
 from kvtiers_p2p.protocol import (
+    MAX_KEYS,
     Abort,
     DataPlane,
     Disconnect,
@@ -240,7 +241,8 @@ class PeerServer:
         self._log.info("peer %r connected (data plane %s)", hello.peer_id[:100], kind)
         plane = DataPlane("nixl" if kind == "nixl" else "zmq", self._pool.num_slots,
                           self._pool.slot_bytes)
-        self._send(sock, ident, Welcome(self._identity.peer_id, self._limits.keepalive_s, plane))
+        self._send(sock, ident, Welcome(self._identity.peer_id, self._limits.keepalive_s, plane,
+                                        min(self._max_pinned, MAX_KEYS)))
 
     def _lookup(self, sock: zmq.Socket[bytes], ident: bytes, lookup: Lookup) -> None:
         self.counters["lookups"] += 1
@@ -257,6 +259,7 @@ class PeerServer:
     def _fetch(self, sock: zmq.Socket[bytes], ident: bytes, session: _Session,
                fetch: Fetch, now: float) -> None:
         self.counters["fetches"] += 1
+        self._settle(session, now)  # what ZeroMQ let go of since is not pinned any more
         try:
             check_slots(fetch, session.num_slots)
         except ProtocolError as exc:

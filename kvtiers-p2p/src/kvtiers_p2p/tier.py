@@ -281,7 +281,10 @@ class P2PTier(SecondaryTier):
         for (_, idx), outcomes in zip(groups, results, strict=True):
             for i, outcome in zip(idx, outcomes, strict=True):
                 out[i] = outcome
-                if outcome is not None:  # a miss for a while, not a probe and a retry
+                if outcome is FailureReason.REJECTED:  # over the peer's budget now
+                    self._where.pop(keys[i], None)
+                    self._probe.forget(keys[i])
+                elif outcome is not None:  # a miss for a while, not a probe and a retry
                     self._where.pop(keys[i], None)
                     self._probe.record(keys[i], False)
         return [out[i] for i in indices]
