@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import os
 import subprocess
@@ -16,10 +17,30 @@ from tests.p2p.engine import Engine
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _entry_point_dir() -> str | None:
+    """Where a child finds kvtiers-p2p's entry point when the distribution is not
+    installed (tests run from the sources): a dist-info of its own, made once."""
+    try:
+        md.distribution("kvtiers-p2p")
+        return None
+    except md.PackageNotFoundError:
+        pass
+    where = Path(tempfile.gettempdir()) / f"kvtiers-p2p-tests-{os.getuid()}"
+    info = where / "kvtiers_p2p-0.1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvtiers-p2p\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[kvtiers]\np2p = kvtiers_p2p.plugin\n")
+    return str(where)
+
+
 def child_env() -> dict[str, str]:
-    """The environment of a child process: this checkout's sources first."""
+    """The environment of a child process: this checkout's sources first (and the
+    p2p tier's entry point, when it is not installed)."""
     paths = [str(ROOT / d / "src") for d in ("kvtiers-core", "kvtiers-fs", "kvtiers-p2p")]
     paths.append(str(ROOT))
+    extra = _entry_point_dir()
+    if extra is not None:
+        paths.append(extra)
     old = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *([old] if old else [])])}
 

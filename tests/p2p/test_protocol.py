@@ -30,6 +30,8 @@ from kvtiers_p2p.protocol import (
     LookupReply,
     Refused,
     State,
+    Store,
+    StoreDone,
     TransferDone,
     Welcome,
 )
@@ -37,8 +39,8 @@ from kvtiers_p2p.protocol import (
 FUZZ = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
-TAGS = ["hello", "welcome", "refused", "lookup", "found", "fetch", "done", "abort", "ping",
-        "bye", "error"]
+TAGS = ["hello", "welcome", "refused", "lookup", "found", "fetch", "done", "store", "stored",
+        "abort", "ping", "bye", "error"]
 DECODERS = [decode_client, decode_server]
 
 KEY = b"\x01" * 32 + b"\x00" * GROUP_BYTES
@@ -78,6 +80,7 @@ CLIENT = [
     Hello(PROTOCOL_VERSION, "a", "ns", "seed", 16384, ["zmq"], PLANE),
     Lookup(1, [KEY]),
     Fetch(2, [KEY, KEY[::-1]], [0, 63]),
+    Store(8, [KEY], [12345]),
     Abort(3),
     KeepAlive(4, reply=True),
     Disconnect("bye"),
@@ -88,6 +91,7 @@ SERVER = [
     Refused("namespace mismatch"),
     LookupReply(1, bytes([State.PRESENT, State.ABSENT, State.PENDING])),
     TransferDone(2, bytes([State.PRESENT, State.REFUSED]), [(1 << 64) - 1]),
+    StoreDone(8, bytes([State.PRESENT, State.CORRUPT, State.REFUSED])),
     KeepAlive(4),
     Disconnect(),
     ErrorReply(7, "bad slot"),
@@ -126,6 +130,8 @@ def raw(*fields: Any) -> bytes:
 
 @pytest.mark.parametrize("data, why", [
     (raw("fetch", 1, [KEY] * 2, [1]), "2 keys but 1 slots"),
+    (raw("store", 1, [KEY], [1, 2]), "1 keys but 2 checksums"),
+    (raw("store", 1, [KEY, KEY], [1, 2]), "more than once"),
     (raw("fetch", 1, [KEY, KEY], [1, 2]), "more than once"),
     (raw("fetch", 1, [KEY, KEY[::-1]], [5, 5]), "one slot"),
     (raw("fetch", 1, [KEY], [-1]), "malformed"),
@@ -157,6 +163,7 @@ def test_a_server_rejects(data: bytes, why: str) -> None:
     (raw("done", 1, bytes([State.PRESENT] * 2), [1]), "2 blocks shipped but 1 checksums"),
     (raw("done", 1, bytes([State.MAX + 1]), []), "unknown key state"),
     (raw("found", 1, bytes([9])), "unknown key state"),
+    (raw("stored", 1, bytes([State.MAX + 1])), "unknown key state"),
     (raw("found", 1, bytes(MAX_KEYS + 1)), "malformed"),
     (raw("done", 1, b"\x01", [-5]), "malformed"),
     (raw("welcome", "b", 0.0, ["zmq", 1, 4096]), "malformed"),

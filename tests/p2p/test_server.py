@@ -25,6 +25,8 @@ from kvtiers_p2p.protocol import (
     Lookup,
     LookupReply,
     State,
+    Store,
+    StoreDone,
     TransferDone,
     Welcome,
 )
@@ -159,6 +161,20 @@ def test_a_peer_cannot_pin_more_than_its_share(server: Engine, raw: RawPeer) -> 
     assert reply.states == bytes([State.PRESENT] * 8 + [State.REFUSED] * 4)
     assert len(frames) == 8
     wait_unpinned(server)
+
+
+def test_an_engine_takes_no_pushed_blocks(server: Engine, raw: RawPeer) -> None:
+    welcome = raw.hello(server)
+    assert welcome.accepts_stores is False
+    keys = keys_for("pushed", 2)
+    blocks = [block_data(k, server.pool.block_bytes) for k in keys]
+    raw.send(encode(Store(11, keys, [checksum(b) for b in blocks])), *blocks)
+    reply, _ = raw.recv()
+    assert reply == StoreDone(11, bytes([State.REFUSED] * 2))
+    raw.send(encode(Store(12, keys, [1, 2])), blocks[0])  # a frame short
+    reply, _ = raw.recv()
+    assert isinstance(reply, ErrorReply) and reply.req == 12
+    assert server.mgr.slot_of(keys[0]) is None
 
 
 def test_a_silent_peer_is_dropped(server: Engine, raw: RawPeer) -> None:

@@ -49,6 +49,8 @@ from kvtiers_p2p.protocol import (
     LookupReply,
     Refused,
     State,
+    Store,
+    StoreDone,
     TransferDone,
     Welcome,
 )
@@ -93,6 +95,7 @@ class PeerLink:
         self.peer_id = ""
         self.sessions = 0  # sessions that reached ready (tests watch reconnects)
         self.max_fetch = MAX_KEYS  # the server's, from its Welcome
+        self.accepts_stores = False  # likewise
         self._sock: zmq.asyncio.Socket | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
@@ -173,6 +176,34 @@ class PeerLink:
         finally:
             self._pending.pop(req, None)
         return self._land(done, frames, slots)
+
+    async def push(self, keys: Sequence[BlockKey], blocks: Sequence[memoryview],
+                   timeout: float) -> list[Outcome]:
+        """Have a server that `accepts_stores` keep `blocks` (one per key); one
+        outcome per key. The blocks are copied into ZeroMQ's messages before the
+        send returns, so the slots they come from are free again once it did."""
+        n = len(keys)
+        if not self.ready or not self.accepts_stores:
+            return [FailureReason.REJECTED] * n
+        if timeout <= 0:
+            return [FailureReason.TIMEOUT] * n
+        req, future = self._request()
+        try:
+            assert self._sock is not None
+            sums = [checksum(b) for b in blocks]
+            header = encode(Store(req, list(keys), sums))
+            await self._sock.send_multipart([header, *blocks], zmq.NOBLOCK, copy=True)
+            done: StoreDone = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            return [FailureReason.TIMEOUT] * n
+        except (LinkDown, ProtocolError, zmq.ZMQError):
+            return [FailureReason.IO] * n
+        finally:
+            self._pending.pop(req, None)
+        if len(done.states) != n:
+            return [FailureReason.IO] * n
+        return [None if st == State.PRESENT else FailureReason.CORRUPT if st == State.CORRUPT
+                else FailureReason.FULL for st in done.states]
 
     def _request(self) -> tuple[int, asyncio.Future[Any]]:
         req = next(self._ids)
@@ -294,6 +325,7 @@ class PeerLink:
                 self.state = READY
                 self.peer_id = message.peer_id
                 self.max_fetch = message.max_fetch
+                self.accepts_stores = message.accepts_stores
                 self.sessions += 1
                 self.reason = ""
                 self.ready_event.set()
@@ -304,7 +336,7 @@ class PeerLink:
             self.reason = message.reason
             self._log.error("peer %s refused this engine: %s", self.endpoint, message.reason)
             return True
-        elif isinstance(message, (LookupReply, TransferDone, ErrorReply)):
+        elif isinstance(message, (LookupReply, TransferDone, StoreDone, ErrorReply)):
             future = self._pending.get(message.req)
             if future is None or future.done():
                 return False  # a late reply to a request given up

@@ -32,6 +32,8 @@ from kvtiers_p2p.protocol import (
     LookupReply,
     ServerMessage,
     State,
+    Store,
+    StoreDone,
     TransferDone,
     Welcome,
 )
@@ -63,6 +65,12 @@ def decode_client(frame: Any) -> ClientMessage:
     message: ClientMessage = _decode(_client, frame)
     if isinstance(message, Fetch):
         _check_fetch(message)
+    elif isinstance(message, Store):
+        if len(message.keys) != len(message.checksums):
+            raise ProtocolError(f"store {message.req}: {len(message.keys)} keys but "
+                                f"{len(message.checksums)} checksums")
+        if len(set(message.keys)) != len(message.keys):
+            raise ProtocolError(f"store {message.req}: a key appears more than once")
     elif isinstance(message, Hello):
         _check_plane(message.data_plane)
     return message
@@ -72,7 +80,7 @@ def decode_server(frame: Any) -> ServerMessage:
     """A message a puller received; `ProtocolError` unless it is one of
     `ServerMessage`, within limits."""
     message: ServerMessage = _decode(_server, frame)
-    if isinstance(message, LookupReply):
+    if isinstance(message, (LookupReply, StoreDone)):
         _check_states(message.states)
     elif isinstance(message, TransferDone):
         _check_states(message.states)

@@ -16,7 +16,9 @@ A session, puller (DEALER) to server (ROUTER):
    pool -> `TransferDone(req, states, checksums)` (+ block frames on the ZeroMQ
    data plane). `Abort(req)`: the puller gave up; the server releases what it
    holds for it.
-4. `KeepAlive` both ways; a side that hears nothing for its timeout drops the
+4. `Store(req, keys, checksums)` + one frame per block, to a server that
+   `accepts_stores` (a cache node): it verifies and keeps them -> `StoreDone`.
+5. `KeepAlive` both ways; a side that hears nothing for its timeout drops the
    session. `Disconnect` ends it at once.
 
 The limits are part of the protocol: a decoder (`kvtiers_p2p.codec`) rejects a
@@ -51,6 +53,8 @@ __all__ = [
     "Refused",
     "ServerMessage",
     "State",
+    "Store",
+    "StoreDone",
     "TransferDone",
     "Welcome",
 ]
@@ -92,8 +96,9 @@ class State:
     ABSENT = 0  # not held (or not readable) there
     PRESENT = 1  # readable now (lookup) / shipped (transfer)
     PENDING = 2  # being written into the server's pool: ask again soon (lookup)
-    REFUSED = 3  # over the puller's pin budget, or the server is shutting down (transfer)
-    MAX = 3
+    REFUSED = 3  # over the puller's pin budget, no room, or not accepted (transfer, store)
+    CORRUPT = 4  # a pushed block failed verification on arrival (store)
+    MAX = 4
 
 
 class _Message(msgspec.Struct, array_like=True, forbid_unknown_fields=True, tag_field="t"):
@@ -134,6 +139,8 @@ class Welcome(_Message, tag="welcome"):
     data_plane: DataPlane
     #: blocks one Fetch may ask for (the puller's pin budget here); more are REFUSED
     max_fetch: Annotated[int, msgspec.Meta(ge=1, le=MAX_KEYS)] = MAX_KEYS
+    #: the server takes `Store`s into its pool (a `kvtiers serve` cache node)
+    accepts_stores: bool = False
 
 
 class Refused(_Message, tag="refused"):
@@ -171,6 +178,24 @@ class TransferDone(_Message, tag="done"):
     checksums: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)]
 
 
+class Store(_Message, tag="store"):
+    """Puller -> a server that `accepts_stores`: keep these blocks (a cascade into a
+    cache node). One frame per key follows, in order; `checksums[i]` is the
+    xxh3-64 of block i, verified by the server before it keeps the block."""
+
+    req: _Req
+    keys: _Keys
+    checksums: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)]
+
+
+class StoreDone(_Message, tag="stored"):
+    """Per key of a `Store`: PRESENT (held now), REFUSED (no room, or the server
+    takes no stores) or CORRUPT (its bytes did not match its checksum)."""
+
+    req: _Req
+    states: _States
+
+
 class Abort(_Message, tag="abort"):
     """Puller -> server: it gave up on `req` (deadline); a late `TransferDone` for
     it is dropped."""
@@ -197,8 +222,9 @@ class ErrorReply(_Message, tag="error"):
 
 
 #: what a server accepts
-ClientMessage = Hello | Lookup | Fetch | Abort | KeepAlive | Disconnect
+ClientMessage = Hello | Lookup | Fetch | Store | Abort | KeepAlive | Disconnect
 #: what a puller accepts
 ServerMessage = (
-    Welcome | Refused | LookupReply | TransferDone | KeepAlive | Disconnect | ErrorReply
+    Welcome | Refused | LookupReply | TransferDone | StoreDone | KeepAlive | Disconnect
+    | ErrorReply
 )

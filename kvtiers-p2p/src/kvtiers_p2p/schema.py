@@ -84,6 +84,15 @@ P2P_SCHEMA: Mapping[str, Any] = {
                 "side: serve only); null: remote_kv_source when peers are set"
             ),
         },
+        "push": {
+            "type": "boolean",
+            "default": False,
+            "description": (
+                "cascade stores into the first ready peer that takes them (a `kvtiers "
+                "serve` cache node), with checksums it verifies; false: a store copies "
+                "nothing, peers pull from this engine's pool while it holds the block"
+            ),
+        },
         "data_plane": {
             "enum": ["auto", "nixl", "zmq"],
             "default": "auto",

@@ -17,6 +17,9 @@ every other message of a peer without one gets an `ErrorReply`.
   has let go of the frames, or after `pin_timeout_s` in any case: a block changed
   under a frame still queued then fails its checksum at the puller - a miss, never
   wrong bytes.
+- `Store` (only with a `sink`: a `kvtiers serve` cache node): each pushed block is
+  verified against its checksum, then handed to the sink, which keeps it in the
+  node's pool; without a sink every key is REFUSED.
 - A session silent past `session_timeout_s`, or that says `Disconnect`, is dropped
   with its pins. `close` says `Disconnect` to every session and releases all pins.
 
@@ -32,12 +35,14 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import zmq
 from kvtiers.integrity import checksum
+from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.parent import ParentManager
 from kvtiers.pool_view import PoolView
@@ -57,15 +62,23 @@ from kvtiers_p2p.protocol import (
     LookupReply,
     Refused,
     State,
+    Store,
+    StoreDone,
     TransferDone,
     Welcome,
 )
 from kvtiers_p2p.security import CurveKeys
 
-__all__ = ["PeerServer", "ServeLimits"]
+__all__ = ["PeerServer", "ServeLimits", "StoreSink"]
 
 _POLL_MS = 50
 _BATCH = 256  # messages handled before the housekeeping runs again
+
+
+#: where a cache node keeps blocks peers push (`Store`): `sink(keys, blocks)` -> per
+#: key, whether it is held now (stored, or held already). Called on the server
+#: thread with verified blocks; it copies them before it returns.
+StoreSink = Callable[[Sequence[BlockKey], Sequence[memoryview]], list[bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,13 +115,15 @@ class PeerServer:
 
     def __init__(self, parent: ParentManager, pool: PoolView, identity: Identity, *,
                  bind: str, limits: ServeLimits = ServeLimits(),
-                 curve: CurveKeys | None = None, logger: logging.Logger | None = None):
+                 curve: CurveKeys | None = None, sink: StoreSink | None = None,
+                 logger: logging.Logger | None = None):
         self._parent = parent
         self._pool = pool
         self._identity = identity
         self._bind = bind
         self._limits = limits
         self._curve = curve
+        self._sink = sink
         self._log = logger or logging.getLogger("kvtiers.p2p.server")
         self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
         self._sessions: dict[bytes, _Session] = {}
@@ -122,7 +137,8 @@ class PeerServer:
         #: counters (read by stats and tests; written by the server thread only)
         self.counters = {"sessions": 0, "refused": 0, "lookups": 0, "fetches": 0,
                          "blocks_shipped": 0, "bytes_shipped": 0, "bad_messages": 0,
-                         "dropped_sessions": 0, "pin_timeouts": 0, "over_budget": 0}
+                         "dropped_sessions": 0, "pin_timeouts": 0, "over_budget": 0,
+                         "blocks_stored": 0}
 
     # Lifecycle (any thread but the server's).
 
@@ -190,13 +206,17 @@ class PeerServer:
 
     def _receive(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
         ident = parts[0].bytes
-        if len(parts) != 2:
-            self._bad(sock, ident, 0, f"a message of {len(parts) - 1} frames (expected 1)")
+        if len(parts) < 2:
+            self._bad(sock, ident, 0, "an empty message")
             return
         try:
             message = decode_client(parts[1].buffer)
         except ProtocolError as exc:
             self._bad(sock, ident, 0, str(exc))
+            return
+        blocks = parts[2:]
+        if blocks and not isinstance(message, Store):
+            self._bad(sock, ident, 0, f"a message of {len(parts) - 1} frames (expected 1)")
             return
         now = time.monotonic()
         if isinstance(message, Hello):
@@ -214,6 +234,8 @@ class PeerServer:
             self._lookup(sock, ident, message)
         elif isinstance(message, Fetch):
             self._fetch(sock, ident, session, message, now)
+        elif isinstance(message, Store):
+            self._store(sock, ident, message, blocks)
         elif isinstance(message, KeepAlive):
             if message.reply:
                 self._send(sock, ident, KeepAlive(message.seq))
@@ -242,7 +264,8 @@ class PeerServer:
         plane = DataPlane("nixl" if kind == "nixl" else "zmq", self._pool.num_slots,
                           self._pool.slot_bytes)
         self._send(sock, ident, Welcome(self._identity.peer_id, self._limits.keepalive_s, plane,
-                                        min(self._max_pinned, MAX_KEYS)))
+                                        min(self._max_pinned, MAX_KEYS),
+                                        accepts_stores=self._sink is not None))
 
     def _lookup(self, sock: zmq.Socket[bytes], ident: bytes, lookup: Lookup) -> None:
         self.counters["lookups"] += 1
@@ -300,6 +323,29 @@ class PeerServer:
             _Shipment(job.job_id, len(frames), tracker, now + self._limits.pin_timeout_s))
         self.counters["blocks_shipped"] += len(frames)
         self.counters["bytes_shipped"] += len(frames) * self._pool.block_bytes
+
+    def _store(self, sock: zmq.Socket[bytes], ident: bytes, store: Store,
+               blocks: list[zmq.Frame]) -> None:
+        n = len(store.keys)
+        bb = self._pool.block_bytes
+        if len(blocks) != n or any(len(b.buffer) != bb for b in blocks):
+            self._bad(sock, ident, store.req,
+                      f"store {store.req}: {len(blocks)} frames for {n} blocks of {bb} bytes")
+            return
+        states = bytearray([State.REFUSED] * n)
+        if self._sink is not None:
+            good = []
+            for i, block in enumerate(blocks):
+                if checksum(block.buffer) == store.checksums[i]:
+                    good.append(i)
+                else:
+                    states[i] = State.CORRUPT
+            if good:
+                held = self._sink([store.keys[i] for i in good], [blocks[i].buffer for i in good])
+                for i, ok in zip(good, held, strict=True):
+                    states[i] = State.PRESENT if ok else State.REFUSED
+                self.counters["blocks_stored"] += sum(held)
+        self._send(sock, ident, StoreDone(store.req, bytes(states)))
 
     # Housekeeping: pins whose frames ZeroMQ released, sessions gone silent.
 

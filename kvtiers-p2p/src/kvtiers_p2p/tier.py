@@ -8,8 +8,10 @@ Pulling (the tier's lookups and loads):
   block); each block lands in its slot and is verified there (`verifies`). A peer
   that dies mid-transfer fails its keys (`io`, or `timeout` at the job's deadline or
   `fetch_timeout_s`, whichever is sooner): misses, never a stall past the deadline.
-- `submit_store` copies nothing: a block stored in this engine's pool is what
-  peers pull, for as long as the pool holds it. It succeeds at once.
+- `submit_store` copies nothing by default: a block stored in this engine's pool is
+  what peers pull, for as long as the pool holds it; it succeeds at once. With
+  `push`, it sends the blocks (with checksums) to the first ready peer that takes
+  stores - a `kvtiers serve` cache node - which verifies and keeps them.
 
 Serving (`serve_external_requests(parent)`, with a `port`): a `PeerServer` answers
 peers from the manager through `ParentManager` (pin, ship, unpin), bounded by the
@@ -53,7 +55,7 @@ from kvtiers_p2p.handshake import Identity, seed_fingerprint
 from kvtiers_p2p.protocol import MAX_KEYS, DataPlane, State
 from kvtiers_p2p.schema import P2P_SCHEMA
 from kvtiers_p2p.security import CurveKeys
-from kvtiers_p2p.server import PeerServer, ServeLimits
+from kvtiers_p2p.server import PeerServer, ServeLimits, StoreSink
 
 __all__ = ["P2PTier"]
 
@@ -106,6 +108,8 @@ class P2PTier(SecondaryTier):
             lookup_timeout_s=options["lookup_timeout_s"])
         self._fetch_timeout_s: float = options["fetch_timeout_s"]
         self._pending_wait_s: float = options["pending_wait_s"]
+        self._push: bool = options["push"]
+        self._sink: StoreSink | None = None
         self._stats = StatsRecorder()
         self._closed = False
         self._server: PeerServer | None = None
@@ -115,7 +119,8 @@ class P2PTier(SecondaryTier):
         self._engine = AsyncJobEngine(
             ctx,
             load=AsyncJobHooks(block=self._load_one, batch=self._load_batch),
-            store=AsyncJobHooks(block=self._load_one, start=self._store_start),
+            store=AsyncJobHooks(block=self._store_one, batch=self._store_batch,
+                                start=self._store_start),
             load_concurrency=options["num_threads"], store_concurrency=1,
             stats=self._stats, batch_bytes=MAX_KEYS * ctx.block_bytes,
             on_close=self._close_links, name=f"kvtiers-{ctx.name or 'p2p'}")
@@ -186,6 +191,12 @@ class P2PTier(SecondaryTier):
                 if endpoint is not None:
                     self.add_peer(endpoint)
 
+    def accept_stores(self, sink: StoreSink) -> None:
+        """Keep the blocks peers push (`Store`) through `sink`: what a `kvtiers
+        serve` cache node, which owns its manager, does. Call before
+        `serve_external_requests`."""
+        self._sink = sink
+
     def serve_external_requests(self, parent: ParentManager) -> None:
         """Serve this engine's pool to peers when a `port` is configured (0: any
         free one; see `server.endpoint`). Binds now; raises if it cannot."""
@@ -205,7 +216,7 @@ class P2PTier(SecondaryTier):
             max_sessions=self.config["limits"]["max_sessions"])
         server = PeerServer(parent, self.ctx.pool, self.identity,
                             bind=f"tcp://{self.config['host']}:{port}", limits=limits,
-                            curve=self._curve, logger=self._log)
+                            curve=self._curve, sink=self._sink, logger=self._log)
         server.start()
         self._server = server
 
@@ -270,10 +281,7 @@ class P2PTier(SecondaryTier):
             link = self._where.get(keys[i])
             if link is not None:
                 by_link.setdefault(link, []).append(i)
-        timeout = self._fetch_timeout_s
-        deadline = job.transfer.deadline
-        if deadline is not None:
-            timeout = min(timeout, deadline - self.ctx.clock())
+        timeout = self._timeout(job)
         groups = list(by_link.items())
         results = await asyncio.gather(*(
             link.fetch([keys[i] for i in idx], [slots[i] for i in idx], timeout)
@@ -293,10 +301,34 @@ class P2PTier(SecondaryTier):
         return (await self._load_batch(job, [i]))[0]
 
     def _store_start(self, job: Job) -> list[int]:
-        """A store is served from the pool: nothing to copy (0 bytes moved)."""
+        """Without `push`, a store is served from the pool: nothing to copy (0
+        bytes moved). With it, every key is pushed (`_store_batch`)."""
+        if self._push:
+            return list(range(len(job.keys)))
         for i in range(len(job.keys)):
             job.succeed(i, 0)
         return []
+
+    async def _store_batch(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
+        """Push to the first ready peer that takes stores; REJECTED when none does
+        (a healthy refusal: the breaker does not count it)."""
+        link = next((x for x in self._links.values() if x.ready and x.accepts_stores), None)
+        if link is None:
+            return [FailureReason.REJECTED] * len(indices)
+        block = self.ctx.pool.block
+        timeout = self._timeout(job)
+        return await link.push([job.keys[i] for i in indices],
+                               [block(job.slots[i]) for i in indices], timeout)
+
+    async def _store_one(self, job: Job, i: int) -> Outcome:
+        return (await self._store_batch(job, [i]))[0]
+
+    def _timeout(self, job: Job) -> float:
+        timeout = self._fetch_timeout_s
+        deadline = job.transfer.deadline
+        if deadline is not None:
+            timeout = min(timeout, deadline - self.ctx.clock())
+        return timeout
 
     async def _close_links(self) -> None:
         for link in list(self._links.values()):
