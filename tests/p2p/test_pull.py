@@ -3,6 +3,9 @@ the other finds them through its p2p tier and loads them; bytes verified."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from kvtiers.lookup import LookupResult
 
 from tests.p2p.conftest import MakeEngine, StartPeer
@@ -78,3 +81,42 @@ def test_a_peer_killed_mid_transfer_costs_misses_then_it_comes_back(
     assert puller.wait_ready(timeout=30)
     assert puller.settle(keys, timeout=30) == [HIT] * 8
     puller.check_loaded(keys)
+
+
+def test_a_request_naming_its_source_adds_that_peer(
+    peers: StartPeer, engines: MakeEngine
+) -> None:
+    server = peers({"seed": "r", "n": 4})
+    host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
+    puller = engines({})  # no peers configured
+    keys = keys_for("r", 4)
+    assert puller.settle(keys) == [MISS] * 4
+    params = {"remote_kv_source": {"remote_host": host, "remote_port": int(port),
+                                   "kv_request_id": "req-1"}}
+    puller.mgr.on_request_start("req-1", params)
+    assert list(puller.tier.links) == [server.endpoint]
+    assert puller.wait_ready()
+    assert puller.settle(keys) == [HIT] * 4
+    puller.check_loaded(keys)
+    puller.mgr.on_request_start("req-2", {"remote_kv_source": {"remote_host": "a b",
+                                                               "remote_port": "x"}})
+    assert list(puller.tier.links) == [server.endpoint]  # nonsense is ignored
+
+
+def test_a_clean_stop_tells_the_puller_at_once(peers: StartPeer, engines: MakeEngine) -> None:
+    server = peers({"seed": "s", "n": 2})
+    puller = engines({"peers": [server.endpoint], "keepalive": {"interval_s": 1.0,
+                                                               "timeout_s": 600.0}})
+    assert puller.wait_ready()
+    server.stop()
+    [link] = puller.tier.links.values()
+    assert wait_for(lambda: "goodbye" in link.reason), link.reason  # not the 600 s timeout
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False

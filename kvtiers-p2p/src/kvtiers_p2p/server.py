@@ -73,6 +73,7 @@ __all__ = ["PeerServer", "ServeLimits", "StoreSink"]
 
 _POLL_MS = 50
 _BATCH = 256  # messages handled before the housekeeping runs again
+_CLOSE_WAIT_S = 2.0  # how long close lets transfers under way and goodbyes finish
 
 
 #: where a cache node keeps blocks peers push (`Store`): `sink(keys, blocks)` -> per
@@ -196,10 +197,18 @@ class PeerServer:
         except Exception:  # noqa: BLE001 - logged; the pins are released below
             self._log.exception("p2p server stopped by an error")
         finally:
+            # Transfers under way end first (bounded: a peer that does not read
+            # does not hold the shutdown), then every peer is told, then pins go.
+            end = time.monotonic() + _CLOSE_WAIT_S
+            while any(s.shipments for s in self._sessions.values()) and (
+                    time.monotonic() < end):
+                for session in self._sessions.values():
+                    self._settle(session, time.monotonic())
+                time.sleep(0.005)
             for ident in list(self._sessions):
                 self._send(sock, ident, Disconnect("server closing"))
                 self._drop(ident, why=None)
-            sock.close(0)
+            sock.close(linger=int(_CLOSE_WAIT_S * 1000))  # the goodbyes get out
             if self._auth is not None:
                 self._auth.stop()
             self._ctx.term()
