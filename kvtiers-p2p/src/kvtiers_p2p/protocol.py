@@ -9,8 +9,8 @@ A session, puller (DEALER) to server (ROUTER):
 1. the puller sends `Hello` (protocol version, namespace fingerprint, hash seed,
    block size, capabilities, its data-plane descriptor); the server answers
    `Welcome` (the data plane chosen, its keep-alive interval) or `Refused` with a
-   reason, which both sides log. Anything but `Hello` before a `Welcome` gets an
-   `ErrorReply`.
+   reason, which both sides log. Anything but `Hello` from a peer without a
+   session gets `Disconnect` ("no session"): the puller says hello again.
 2. `Lookup(req, keys)` -> `LookupReply(req, states)`: one state byte per key.
 3. `Fetch(req, keys, slots)`: ship these blocks into these slots of the puller's
    pool -> `TransferDone(req, states, checksums)` (+ block frames on the ZeroMQ

@@ -2,7 +2,8 @@
 
 One thread of its own owns a ZeroMQ ROUTER socket (ZeroMQ sockets belong to one
 thread). Per peer it keeps a session, made by a `Hello` the handshake accepts;
-every other message of a peer without one gets an `ErrorReply`.
+every other message of a peer without one gets `Disconnect("no session")`, so a
+puller that this side dropped (or restarted without) says hello again.
 
 - `Lookup`: `parent.lookup` per key: HIT is PRESENT, HIT_PENDING (a write into the
   pool in flight: a promotion this lookup may just have started) is PENDING,
