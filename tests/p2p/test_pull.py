@@ -120,3 +120,25 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def test_a_decode_engine_takes_the_prefill_nodes_blocks_as_hits(
+    peers: StartPeer, engines: MakeEngine
+) -> None:
+    prefill = peers({"seed": "pd", "n": 4})
+    decode = engines({"peers": [prefill.endpoint], "role": "remote_prefiller"})
+    assert decode.wait_ready()
+    keys, absent = keys_for("pd", 4), keys_for("nope", 2)
+    # No probe: the first lookup already found it (a promotion is on its way).
+    assert [decode.mgr.lookup(k) for k in keys] == [LookupResult.HIT_PENDING] * 4
+    assert decode.settle(keys) == [HIT] * 4
+    decode.check_loaded(keys)
+    assert decode.settle(absent) == [MISS] * 2  # fetched, not there: a miss
+    assert decode.mgr.stats()["tiers"]["p2p"]["promotion_failures"] == 2
+
+
+def test_a_prefill_engine_pulls_nothing(peers: StartPeer, engines: MakeEngine) -> None:
+    other = peers({"seed": "x", "n": 2})
+    prefill = engines({"peers": [other.endpoint], "role": "remote_decoder"})
+    assert prefill.wait_ready()
+    assert prefill.settle(keys_for("x", 2)) == [MISS] * 2

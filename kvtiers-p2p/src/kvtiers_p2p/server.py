@@ -36,14 +36,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import zmq
 from kvtiers.integrity import checksum
-from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.parent import ParentManager
 from kvtiers.pool_view import PoolView
@@ -69,44 +66,14 @@ from kvtiers_p2p.protocol import (
     Welcome,
 )
 from kvtiers_p2p.security import CurveKeys
+from kvtiers_p2p.sessions import ServeLimits, Session, Shipment, StoreSink
 
 __all__ = ["PeerServer", "ServeLimits", "StoreSink"]
 
 _POLL_MS = 50
 _BATCH = 256  # messages handled before the housekeeping runs again
 _CLOSE_WAIT_S = 2.0  # how long close lets transfers under way and goodbyes finish
-
-
-#: where a cache node keeps blocks peers push (`Store`): `sink(keys, blocks)` -> per
-#: key, whether it is held now (stored, or held already). Called on the server
-#: thread with verified blocks; it copies them before it returns.
-StoreSink = Callable[[Sequence[BlockKey], Sequence[memoryview]], list[bool]]
-
-
-@dataclass(frozen=True, slots=True)
-class ServeLimits:
-    keepalive_s: float = 1.0
-    session_timeout_s: float = 5.0
-    pin_timeout_s: float = 30.0
-    max_pinned_share: float = 0.25
-    max_sessions: int = 64
-
-
-@dataclass(slots=True)
-class _Shipment:
-    job_id: int
-    blocks: int
-    tracker: zmq.MessageTracker
-    until: float
-
-
-@dataclass(slots=True)
-class _Session:
-    peer_id: str
-    num_slots: int
-    heard: float
-    pinned: int = 0
-    shipments: list[_Shipment] = field(default_factory=list)
+DEFAULT_LIMITS = ServeLimits()
 
 
 class PeerServer:
@@ -116,7 +83,7 @@ class PeerServer:
     scheduler thread's hot path (they run at start-up and shutdown)."""
 
     def __init__(self, parent: ParentManager, pool: PoolView, identity: Identity, *,
-                 bind: str, limits: ServeLimits = ServeLimits(),
+                 bind: str, limits: ServeLimits = DEFAULT_LIMITS,
                  curve: CurveKeys | None = None, sink: StoreSink | None = None,
                  logger: logging.Logger | None = None):
         self._parent = parent
@@ -128,7 +95,7 @@ class PeerServer:
         self._sink = sink
         self._log = logger or logging.getLogger("kvtiers.p2p.server")
         self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
-        self._sessions: dict[bytes, _Session] = {}
+        self._sessions: dict[bytes, Session] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx = zmq.Context()
@@ -268,7 +235,7 @@ class PeerServer:
             self._drop(ident, why=None)
         kind = choose_plane(self._identity.capabilities, hello.capabilities)
         assert kind is not None  # refusal() checked
-        self._sessions[ident] = _Session(hello.peer_id, hello.data_plane.num_slots, now)
+        self._sessions[ident] = Session(hello.peer_id, hello.data_plane.num_slots, now)
         self.counters["sessions"] += 1
         self._log.info("peer %r connected (data plane %s)", hello.peer_id[:100], kind)
         plane = DataPlane("nixl" if kind == "nixl" else "zmq", self._pool.num_slots,
@@ -289,7 +256,7 @@ class PeerServer:
                 states[i] = State.PENDING
         self._send(sock, ident, LookupReply(lookup.req, bytes(states)))
 
-    def _fetch(self, sock: zmq.Socket[bytes], ident: bytes, session: _Session,
+    def _fetch(self, sock: zmq.Socket[bytes], ident: bytes, session: Session,
                fetch: Fetch, now: float) -> None:
         self.counters["fetches"] += 1
         self._settle(session, now)  # what ZeroMQ let go of since is not pinned any more
@@ -330,7 +297,7 @@ class PeerServer:
         tracker = zmq.MessageTracker(*frames)
         session.pinned += len(frames)
         session.shipments.append(
-            _Shipment(job.job_id, len(frames), tracker, now + self._limits.pin_timeout_s))
+            Shipment(job.job_id, len(frames), tracker, now + self._limits.pin_timeout_s))
         self.counters["blocks_shipped"] += len(frames)
         self.counters["bytes_shipped"] += len(frames) * self._pool.block_bytes
 
@@ -368,7 +335,7 @@ class PeerServer:
             if session.shipments:
                 self._settle(session, now)
 
-    def _settle(self, session: _Session, now: float) -> None:
+    def _settle(self, session: Session, now: float) -> None:
         kept = []
         for shipment in session.shipments:
             if shipment.tracker.done:
@@ -380,7 +347,7 @@ class PeerServer:
                 kept.append(shipment)
         session.shipments = kept
 
-    def _unpin(self, session: _Session, shipment: _Shipment) -> None:
+    def _unpin(self, session: Session, shipment: Shipment) -> None:
         self._parent.complete_store_job(shipment.job_id)
         session.pinned -= shipment.blocks
 

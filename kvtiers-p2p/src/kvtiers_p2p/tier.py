@@ -17,6 +17,10 @@ Serving (`serve_external_requests(parent)`, with a `port`): a `PeerServer` answe
 peers from the manager through `ParentManager` (pin, ship, unpin), bounded by the
 limits of the config.
 
+Per-tier roles (`role`): `remote_kv_source` (the default with peers) probes;
+`remote_prefiller` (P/D decode side) answers HIT at once while a peer is connected
+and pulls from it; `remote_decoder` (P/D prefill side) pulls nothing and serves.
+
 Per-request roles (vLLM's `kv_transfer_params`): a request naming a
 `remote_kv_source` or `remote_prefiller` (`remote_host`, `remote_port`) adds that
 peer for this tier's probes and loads; `remote_decoder` needs nothing here (the
@@ -109,6 +113,9 @@ class P2PTier(SecondaryTier):
         self._fetch_timeout_s: float = options["fetch_timeout_s"]
         self._pending_wait_s: float = options["pending_wait_s"]
         self._push: bool = options["push"]
+        self._role: str | None = options["role"]
+        self._miss_ttl_s: float = options["miss_ttl_s"]
+        self._failed: dict[BlockKey, float] = {}  # remote_prefiller: key -> miss until
         self._sink: StoreSink | None = None
         self._stats = StatsRecorder()
         self._closed = False
@@ -157,9 +164,17 @@ class P2PTier(SecondaryTier):
     # Scheduler thread.
 
     def lookup(self, key: BlockKey) -> LookupResult:
-        if self._closed or not self._links:
+        if self._closed or not self._links or self._role == "remote_decoder":
             self._stats.lookup(False)
             return LookupResult.MISS
+        if self._role == "remote_prefiller":
+            # P/D: the prefill node holds this engine's blocks; no probe (a block it
+            # lacks fails its fetch: a miss one step later).
+            failed = self._failed.get(key)
+            hit = (failed is None or failed < self.ctx.clock()) and any(
+                link.ready for link in self._links.values())
+            self._stats.lookup(hit)
+            return LookupResult.HIT if hit else LookupResult.MISS
         answer = self._probe.check(key)
         if answer is not LookupResult.RETRY:
             self._stats.lookup(answer is LookupResult.HIT)
@@ -267,6 +282,13 @@ class P2PTier(SecondaryTier):
             todo = [k for k in todo if k not in found]
         return found
 
+    def _remember_failed(self, key: BlockKey) -> None:
+        """remote_prefiller: `key` failed its fetch; a miss for `miss_ttl_s`."""
+        failed = self._failed
+        if key not in failed and len(failed) >= MAX_REMEMBERED:
+            failed.pop(next(iter(failed)))
+        failed[key] = self.ctx.clock() + self._miss_ttl_s
+
     def _remember(self, key: BlockKey, link: PeerLink) -> None:
         where = self._where
         if key not in where and len(where) >= MAX_REMEMBERED:
@@ -277,8 +299,11 @@ class P2PTier(SecondaryTier):
         keys, slots = job.keys, job.slots
         out: dict[int, Outcome] = dict.fromkeys(indices, FailureReason.MISSING)
         by_link: dict[PeerLink, list[int]] = {}
+        eager = None
+        if self._role == "remote_prefiller":
+            eager = next((x for x in self._links.values() if x.ready), None)
         for i in indices:
-            link = self._where.get(keys[i])
+            link = self._where.get(keys[i], eager)
             if link is not None:
                 by_link.setdefault(link, []).append(i)
         timeout = self._timeout(job)
@@ -295,6 +320,8 @@ class P2PTier(SecondaryTier):
                 elif outcome is not None:  # a miss for a while, not a probe and a retry
                     self._where.pop(keys[i], None)
                     self._probe.record(keys[i], False)
+                    if eager is not None:
+                        self._remember_failed(keys[i])
         return [out[i] for i in indices]
 
     async def _load_one(self, job: Job, i: int) -> Outcome:
