@@ -116,3 +116,22 @@ def test_a_node_keeps_blocks_in_its_fs_tier_across_a_restart(
     assert b.wait_ready()
     assert b.settle(keys, timeout=60) == [LookupResult.HIT] * 8
     b.check_loaded(keys)
+
+
+def test_keygen_command(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "kvtiers", "p2p", "keygen", str(tmp_path / "k"),
+                          "--name", "node"], capture_output=True, text=True, env=child_env(),
+                         cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    secret = tmp_path / "k" / "node.key_secret"
+    assert secret.stat().st_mode & 0o777 == 0o600 and (tmp_path / "k" / "node.key").exists()
+    assert secret.read_text() not in out.stdout + out.stderr
+
+
+def test_the_plugin_listing_names_the_tier_and_its_commands() -> None:
+    out = subprocess.run([sys.executable, "-m", "kvtiers", "plugins", "--json"],
+                         capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    text = json.dumps(rows)
+    assert '"p2p"' in text and '"serve"' in text, text[:2000]
