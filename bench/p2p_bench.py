@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""kvtiers-p2p benchmark: pull throughput of the p2p tier against raw pyzmq zero-copy
+between the same two processes in the same run, and the control plane's lookup
+round trip, on loopback (and across two network namespaces with --netns).
+
+    PYTHONPATH=kvtiers-core/src:kvtiers-p2p/src .venv/bin/python bench/p2p_bench.py
+    ... bench/p2p_bench.py --netns      # also across a veth pair (root; made and removed)
+    ... bench/p2p_bench.py --quick
+
+Rows (median of --runs runs; MB/s = 10^6 bytes/s of block bytes moved):
+- raw-zmq: the serving process sends the blocks as zero-copy frames on request
+  (one multipart message, no protocol, no checksums); the puller copies each frame
+  into a slot of its pool - the floor of the ZeroMQ data plane;
+- p2p-zmq: the p2p tier's load of the same blocks as one job (the server pins them
+  through its manager, checksums them, ships them as zero-copy frames; the puller
+  lands and verifies each in its slot);
+- lookup RTT: one key per Lookup through the real server (handshake once), p50/p99.
+The NIXL plane is not in this version: there is no NIXL row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "p2p_bench.json"
+
+
+def _keys(n: int) -> list[bytes]:
+    import hashlib
+
+    from kvtiers.keys import make_key
+
+    return [make_key(hashlib.sha256(f"bench/{i}".encode()).digest()) for i in range(n)]
+
+
+def serve(spec: dict[str, Any]) -> None:
+    """The serving process: an engine with `n` blocks in its pool, and a raw ROUTER."""
+    import threading
+
+    import zmq
+    from kvtiers.clock import monotonic
+    from kvtiers.manager import TieringOffloadingManager
+    from kvtiers.policies.lru import LRUPolicy
+    from kvtiers.pool_view import PoolView
+    from kvtiers.testing import make_namespace
+    from kvtiers.tier import TierContext
+    from kvtiers_p2p.tier import P2PTier
+
+    n, bb, host = spec["n"], spec["block_bytes"], spec["host"]
+    pool = PoolView.anonymous(n, bb)
+    ctx = TierContext(pool, make_namespace("bench", bb), clock=monotonic, name="p2p")
+    tier = P2PTier(ctx, {"host": host, "port": 0, "limits": {"max_pinned_share": 1.0}})
+    mgr = TieringOffloadingManager(n, LRUPolicy.for_slots(n), [tier])
+    tier.serve_external_requests(mgr)
+    keys = _keys(n)
+    out = mgr.prepare_store(keys)
+    assert out is not None
+    for slot in out.slots:
+        pool.block(slot)[:] = os.urandom(bb)
+    mgr.complete_store(keys)
+    mgr.drain(30)
+
+    zctx = zmq.Context()
+    raw = zctx.socket(zmq.ROUTER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw_port = raw.bind_to_random_port(f"tcp://{host}")
+    stop = threading.Event()
+
+    def raw_server() -> None:
+        while not stop.is_set():
+            if raw.poll(50):
+                ident, _ = raw.recv_multipart()
+                frames = [zmq.Frame(pool.block(s)) for s in range(n)]
+                raw.send_multipart([ident, *frames], copy=False)
+
+    thread = threading.Thread(target=raw_server, daemon=True)
+    thread.start()
+    assert tier.server is not None
+    print(json.dumps({"p2p": tier.server.endpoint, "raw": f"tcp://{host}:{raw_port}"}),
+          flush=True)
+    sys.stdin.read()
+    stop.set()
+    thread.join()
+    raw.close(0)
+    zctx.term()
+    mgr.close()
+
+
+def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
+    """Start a server (behind `prefix`), pull from it, return the figures."""
+    import zmq
+    from kvtiers.clock import monotonic
+    from kvtiers.jobs import TransferJob
+    from kvtiers.lookup import LookupResult
+    from kvtiers.pool_view import PoolView
+    from kvtiers.testing import make_namespace
+    from kvtiers.tier import TierContext
+    from kvtiers_p2p.codec import decode_server, encode
+    from kvtiers_p2p.protocol import DataPlane, Lookup
+    from kvtiers_p2p.tier import P2PTier
+
+    n, bb, runs = spec["n"], spec["block_bytes"], spec["runs"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "kvtiers-core" / "src"), str(ROOT / "kvtiers-p2p" / "src"), str(ROOT)])}
+    server = subprocess.Popen([*prefix, sys.executable, __file__, "--serve", json.dumps(spec)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=env)
+    assert server.stdout is not None and server.stdin is not None
+    ends = json.loads(server.stdout.readline())
+    pool = PoolView.anonymous(n, bb)
+    ctx = TierContext(pool, make_namespace("bench", bb), clock=monotonic, name="p2p")
+    tier = P2PTier(ctx, {"peers": [ends["p2p"]], "hit_ttl_s": 3600.0, "num_threads": 1})
+    keys = _keys(n)
+    try:
+        end = time.monotonic() + 60
+        while not all(tier.lookup(k) is LookupResult.HIT for k in keys):
+            assert time.monotonic() < end, "the p2p tier never saw the blocks"
+            time.sleep(0.01)
+        zctx = zmq.Context()
+        raw = zctx.socket(zmq.DEALER)
+        raw.connect(ends["raw"])
+        raw_s, p2p_s = [], []
+        for run in range(runs + 1):  # the first of each is a warm-up
+            t0 = time.perf_counter()
+            raw.send(b"go")
+            frames = raw.recv_multipart(copy=False)
+            for slot, frame in enumerate(frames):
+                pool.block(slot)[:] = frame.buffer
+            t1 = time.perf_counter()
+            tier.submit_load(TransferJob(run + 1, keys, list(range(n))))
+            assert tier.drain(120)
+            [result] = tier.get_finished_jobs()
+            t2 = time.perf_counter()
+            assert result.success, result.reasons()
+            if run:
+                raw_s.append(t1 - t0)
+                p2p_s.append(t2 - t1)
+        # Lookup round trips through the real server.
+        look = zctx.socket(zmq.DEALER)
+        look.connect(ends["p2p"])
+        look.send(encode(tier.identity.hello(DataPlane("zmq", n, pool.slot_bytes))))
+        decode_server(look.recv())
+        rtts = []
+        for i in range(spec["lookups"]):
+            t0 = time.perf_counter()
+            look.send(encode(Lookup(i, [keys[i % n]])))
+            decode_server(look.recv())
+            rtts.append(time.perf_counter() - t0)
+        raw.close(0)
+        look.close(0)
+        zctx.term()
+    finally:
+        tier.close()
+        server.stdin.close()
+        server.wait(60)
+    moved = n * bb
+    rtts.sort()
+    return {
+        "block_bytes": bb, "blocks": n,
+        "raw_zmq_MBps": moved / statistics.median(raw_s) / 1e6,
+        "p2p_zmq_MBps": moved / statistics.median(p2p_s) / 1e6,
+        "lookup_rtt_us_p50": rtts[len(rtts) // 2] * 1e6,
+        "lookup_rtt_us_p99": rtts[int(len(rtts) * 0.99)] * 1e6,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--client", help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--netns", action="store_true",
+                        help="also measure across two network namespaces (needs root)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(json.loads(args.serve))
+        return
+    if args.client:  # inside the puller's namespace
+        spec = json.loads(args.client)
+        print(json.dumps(measure(spec, spec.pop("prefix"))), flush=True)
+        return
+    scale = 4 if args.quick else 1
+    cases = [(32 << 10, 2048 // scale), (2 << 20, 64 // scale)]
+    rows: list[dict[str, Any]] = []
+    for bb, n in cases:
+        spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": "127.0.0.1",
+                "lookups": 500 if args.quick else 2000}
+        rows.append({"where": "loopback", **measure(spec, [])})
+    if args.netns:
+        sys.path.insert(0, str(ROOT))
+        from tests.p2p import netns
+
+        with netns.veth_pair() as pair:
+            for bb, n in cases:
+                spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": pair.addr_a,
+                        "lookups": 500 if args.quick else 2000, "prefix": pair.prefix(pair.a)}
+                out = subprocess.run(
+                    [*pair.prefix(pair.b), sys.executable, __file__, "--client",
+                     json.dumps(spec)], capture_output=True, text=True, check=True,
+                    timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                        [str(ROOT / "kvtiers-core" / "src"), str(ROOT / "kvtiers-p2p" / "src"),
+                         str(ROOT)])})
+                rows.append({"where": "netns veth", **json.loads(out.stdout.splitlines()[-1])})
+    header = (f"{'where':<11} {'block':>7} {'blocks':>6} {'raw-zmq MB/s':>13} "
+              f"{'p2p-zmq MB/s':>13} {'p2p/raw':>8} {'lookup p50 us':>14} {'p99 us':>8}")
+    print(header)
+    for r in rows:
+        print(f"{r['where']:<11} {r['block_bytes'] >> 10:>6}K {r['blocks']:>6} "
+              f"{r['raw_zmq_MBps']:>13.0f} {r['p2p_zmq_MBps']:>13.0f} "
+              f"{r['p2p_zmq_MBps'] / r['raw_zmq_MBps']:>8.2f} "
+              f"{r['lookup_rtt_us_p50']:>14.0f} {r['lookup_rtt_us_p99']:>8.0f}")
+    doc = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
+                      f"Python {platform.python_version()}",
+           "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": args.runs,
+           "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

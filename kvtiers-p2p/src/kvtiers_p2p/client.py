@@ -1,0 +1,357 @@
+"""`PeerLink`: a puller's session with one peer's server, on an asyncio loop.
+
+Everything here runs on one event loop (the p2p tier's `AsyncJobEngine` loop), so
+the DEALER socket is only ever touched from that loop's thread.
+
+A supervisor task keeps a session up: it opens a socket, sends `Hello`, waits for
+`Welcome` (or `Refused`: logged with the server's reason, retried at the slowest
+pace), then reads replies and sends a `KeepAlive` every `keepalive_s`. A peer
+silent for `timeout_s`, a `Disconnect`, or an error ends the session: every
+request waiting on it fails at once (`LinkDown`), the socket is closed and a new
+one is tried after a backoff that doubles from `reconnect_min_s` to
+`reconnect_max_s` (reset by a session that reached `ready`).
+
+`lookup` and `fetch` never wait longer than their timeout, and answer at once
+while the session is not ready. `fetch` writes the blocks into the puller's slots
+and verifies each block's checksum there before calling it a success; a block
+whose bytes do not match is `corrupt`. When `fetch` returns, nothing of this link
+can touch those slots any more: a late reply for a request given up is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from kvtiers.integrity import checksum
+from kvtiers.jobs import FailureReason
+from kvtiers.keys import BlockKey
+from kvtiers.pool_view import PoolView
+from kvtiers.sdk.job import Outcome
+
+from kvtiers_p2p.codec import ProtocolError, decode_server, encode
+from kvtiers_p2p.protocol import (
+    MAX_KEYS,
+    Abort,
+    Disconnect,
+    ErrorReply,
+    Fetch,
+    Hello,
+    KeepAlive,
+    Lookup,
+    LookupReply,
+    Refused,
+    State,
+    Store,
+    StoreDone,
+    TransferDone,
+    Welcome,
+)
+from kvtiers_p2p.security import CurveKeys
+
+__all__ = ["LinkDown", "LinkOptions", "PeerLink"]
+
+
+class LinkDown(ConnectionError):
+    """The session ended while a request waited on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkOptions:
+    keepalive_s: float = 1.0
+    timeout_s: float = 5.0
+    reconnect_min_s: float = 0.1
+    reconnect_max_s: float = 10.0
+    lookup_timeout_s: float = 1.0
+
+
+CONNECTING, READY, REFUSED, CLOSED = "connecting", "ready", "refused", "closed"
+
+
+class PeerLink:
+    """The session with the server at `endpoint`. Build, `start` and `close` on
+    the loop's thread (or through the loop)."""
+
+    def __init__(self, endpoint: str, hello: Hello, pool: PoolView, *,
+                 context: zmq.asyncio.Context, options: LinkOptions = LinkOptions(),
+                 curve: CurveKeys | None = None, logger: logging.Logger | None = None):
+        self.endpoint = endpoint
+        self._hello = hello
+        self._pool = pool
+        self._zctx = context
+        self._opt = options
+        self._curve = curve
+        self._log = logger or logging.getLogger("kvtiers.p2p.client")
+        self.state = CONNECTING
+        #: why the last session ended or was refused ("" while none did)
+        self.reason = ""
+        self.peer_id = ""
+        self.sessions = 0  # sessions that reached ready (tests watch reconnects)
+        self.max_fetch = MAX_KEYS  # the server's, from its Welcome
+        self.accepts_stores = False  # likewise
+        self._sock: zmq.asyncio.Socket | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.ready_event = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._supervise())
+
+    async def close(self) -> None:
+        """End the session (saying `Disconnect`) and stop reconnecting."""
+        self._closing = True
+        sock = self._sock
+        if sock is not None and self.ready:
+            with contextlib.suppress(zmq.ZMQError):
+                await sock.send(encode(Disconnect("closing")), zmq.NOBLOCK)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.state = CLOSED
+
+    # Requests (loop thread).
+
+    async def lookup(self, keys: Sequence[BlockKey]) -> bytes | None:
+        """One `State` byte per key, or None (not ready, timed out, rejected)."""
+        if not self.ready or not keys:
+            return None
+        req, future = self._request()
+        try:
+            assert self._sock is not None
+            await self._sock.send(encode(Lookup(req, list(keys))), zmq.NOBLOCK)
+            reply: LookupReply = await asyncio.wait_for(future, self._opt.lookup_timeout_s)
+        except (TimeoutError, LinkDown, ProtocolError, zmq.ZMQError):
+            return None
+        finally:
+            self._pending.pop(req, None)
+        return reply.states if len(reply.states) == len(keys) else None
+
+    async def fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
+                    timeout: float) -> list[Outcome]:
+        """Pull `keys` into `slots` of the pool; one outcome per key. Split into
+        fetches of at most the server's `max_fetch` blocks, one after the other
+        (within one `timeout` in all)."""
+        per = self.max_fetch
+        if len(keys) <= per:
+            return await self._fetch(keys, slots, timeout)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        out: list[Outcome] = []
+        for first in range(0, len(keys), per):
+            out += await self._fetch(keys[first:first + per], slots[first:first + per],
+                                     end - loop.time())
+        return out
+
+    async def _fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
+                     timeout: float) -> list[Outcome]:
+        n = len(keys)
+        if not self.ready:
+            return [FailureReason.IO] * n
+        if timeout <= 0:
+            return [FailureReason.TIMEOUT] * n
+        req, future = self._request()
+        try:
+            assert self._sock is not None
+            await self._sock.send(encode(Fetch(req, list(keys), list(slots))), zmq.NOBLOCK)
+            done, frames = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            self._abort(req)
+            return [FailureReason.TIMEOUT] * n
+        except (LinkDown, ProtocolError, zmq.ZMQError):
+            return [FailureReason.IO] * n
+        finally:
+            self._pending.pop(req, None)
+        return self._land(done, frames, slots)
+
+    async def push(self, keys: Sequence[BlockKey], blocks: Sequence[memoryview],
+                   timeout: float) -> list[Outcome]:
+        """Have a server that `accepts_stores` keep `blocks` (one per key); one
+        outcome per key. The blocks are copied into ZeroMQ's messages before the
+        send returns, so the slots they come from are free again once it did."""
+        n = len(keys)
+        if not self.ready or not self.accepts_stores:
+            return [FailureReason.REJECTED] * n
+        if timeout <= 0:
+            return [FailureReason.TIMEOUT] * n
+        req, future = self._request()
+        try:
+            assert self._sock is not None
+            sums = [checksum(b) for b in blocks]
+            header = encode(Store(req, list(keys), sums))
+            await self._sock.send_multipart([header, *blocks], zmq.NOBLOCK, copy=True)
+            done: StoreDone = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            return [FailureReason.TIMEOUT] * n
+        except (LinkDown, ProtocolError, zmq.ZMQError):
+            return [FailureReason.IO] * n
+        finally:
+            self._pending.pop(req, None)
+        if len(done.states) != n:
+            return [FailureReason.IO] * n
+        return [None if st == State.PRESENT else FailureReason.CORRUPT if st == State.CORRUPT
+                else FailureReason.FULL for st in done.states]
+
+    def _request(self) -> tuple[int, asyncio.Future[Any]]:
+        req = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[req] = future
+        return req, future
+
+    def _abort(self, req: int) -> None:
+        sock = self._sock
+        if sock is not None and self.ready:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.send(encode(Abort(req)), zmq.NOBLOCK)
+
+    def _land(self, done: TransferDone, frames: list[zmq.Frame],
+              slots: Sequence[int]) -> list[Outcome]:
+        n = len(slots)
+        shipped = done.states.count(State.PRESENT)
+        bb = self._pool.block_bytes
+        if len(done.states) != n or len(frames) != shipped or any(
+                len(f.buffer) != bb for f in frames):
+            self._log.warning("peer %s: a malformed transfer (%d states, %d frames for %d "
+                              "keys); its keys fail", self.endpoint, len(done.states),
+                              len(frames), n)
+            return [FailureReason.IO] * n
+        out: list[Outcome] = []
+        j = 0
+        block = self._pool.block
+        for i, state in enumerate(done.states):
+            if state == State.PRESENT:
+                dst = block(slots[i])
+                dst[:] = frames[j].buffer
+                if checksum(dst) != done.checksums[j]:
+                    self._log.warning("peer %s: a block failed verification; a miss",
+                                      self.endpoint)
+                    out.append(FailureReason.CORRUPT)
+                else:
+                    out.append(None)
+                j += 1
+            elif state == State.REFUSED:
+                out.append(FailureReason.REJECTED)
+            else:
+                out.append(FailureReason.MISSING)
+        return out
+
+    # The supervisor.
+
+    async def _supervise(self) -> None:
+        wait = self._opt.reconnect_min_s
+        while not self._closing:
+            was_ready = await self._session()
+            if self._closing:
+                break
+            if was_ready:
+                wait = self._opt.reconnect_min_s
+            delay = self._opt.reconnect_max_s if self.state == REFUSED else wait
+            await asyncio.sleep(delay)
+            if not was_ready:
+                wait = min(wait * 2, self._opt.reconnect_max_s)
+
+    async def _session(self) -> bool:
+        """One session, from connect to its end; True if it reached ready."""
+        loop = asyncio.get_running_loop()
+        sock = self._zctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        reached = False
+        try:
+            if self._curve is not None:
+                self._curve.apply_client(sock)
+            sock.connect(self.endpoint)
+            self._sock = sock
+            self.state = CONNECTING
+            await sock.send(encode(self._hello))
+            heard = pinged = loop.time()
+            seq = itertools.count(1)
+            tick = max(1, int(self._opt.keepalive_s * 1000 / 2))
+            while not self._closing:
+                if await sock.poll(tick):
+                    parts = await sock.recv_multipart(copy=False)
+                    heard = loop.time()
+                    if self._dispatch(sock, parts):
+                        break
+                    reached = reached or self.ready
+                now = loop.time()
+                if now - heard > self._opt.timeout_s:
+                    self.reason = f"silent for more than {self._opt.timeout_s:g} s"
+                    if self.ready:
+                        self._log.warning("peer %s: %s; reconnecting", self.endpoint,
+                                          self.reason)
+                    break
+                if self.ready and now - pinged >= self._opt.keepalive_s:
+                    await sock.send(encode(KeepAlive(next(seq), reply=True)), zmq.NOBLOCK)
+                    pinged = now
+        except zmq.ZMQError as exc:
+            self.reason = f"socket error: {exc}"
+            self._log.warning("peer %s: %s", self.endpoint, self.reason)
+        finally:
+            self._sock = None
+            if self.state != REFUSED:
+                self.state = CONNECTING
+            self.ready_event.clear()
+            pending, self._pending = self._pending, {}
+            for future in pending.values():
+                if not future.done():
+                    future.set_exception(LinkDown(self.reason or "session ended"))
+            sock.close(0)
+        return reached
+
+    def _dispatch(self, sock: zmq.asyncio.Socket, parts: list[zmq.Frame]) -> bool:
+        """Handle one message; True when it ends the session."""
+        try:
+            message = decode_server(parts[0].buffer)
+        except ProtocolError as exc:
+            self._log.warning("peer %s sent a bad message: %s", self.endpoint, exc)
+            return False
+        if len(parts) > 1 and not isinstance(message, TransferDone):
+            return False  # extra frames only follow a TransferDone
+        if isinstance(message, Welcome):
+            if self.state == CONNECTING:
+                self.state = READY
+                self.peer_id = message.peer_id
+                self.max_fetch = message.max_fetch
+                self.accepts_stores = message.accepts_stores
+                self.sessions += 1
+                self.reason = ""
+                self.ready_event.set()
+                self._log.info("connected to peer %r at %s (data plane %s)",
+                               message.peer_id[:100], self.endpoint, message.data_plane.kind)
+        elif isinstance(message, Refused):
+            self.state = REFUSED
+            self.reason = message.reason
+            self._log.error("peer %s refused this engine: %s", self.endpoint, message.reason)
+            return True
+        elif isinstance(message, (LookupReply, TransferDone, StoreDone, ErrorReply)):
+            future = self._pending.get(message.req)
+            if future is None or future.done():
+                return False  # a late reply to a request given up
+            if isinstance(message, ErrorReply):
+                future.set_exception(ProtocolError(message.reason))
+            elif isinstance(message, TransferDone):
+                future.set_result((message, parts[1:]))
+            else:
+                future.set_result(message)
+        elif isinstance(message, KeepAlive):
+            if message.reply:
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.send(encode(KeepAlive(message.seq)), zmq.NOBLOCK)
+        elif isinstance(message, Disconnect):
+            self.reason = f"peer said goodbye: {message.reason[:200]}"
+            self._log.info("peer %s: %s", self.endpoint, self.reason)
+            return True
+        return False

@@ -1,0 +1,107 @@
+"""The `kvtiers serve` and `kvtiers p2p keygen` commands (registered by
+`kvtiers_p2p.plugin`, named lazily: this module is imported only to run them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from kvtiers.namespace import DTYPE_BYTES, BlockGeometry, Namespace
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run a standalone cache node: a CPU pool (and the config's other tiers) that "
+        "engines pull from and cascade into, through the config's p2p tier. The node "
+        "holds one model's blocks: give its KV geometry. SIGTERM or Ctrl-C stops it "
+        "cleanly (peers told, transfers ended, pins released).")
+    parser.add_argument("--config", required=True,
+                        help="a kvtiers config (file or inline JSON) with a p2p tier that "
+                             "has a port")
+    parser.add_argument("--model", help="model id (default: the config's model)")
+    parser.add_argument("--revision", default="")
+    parser.add_argument("--layers", type=int, required=True)
+    parser.add_argument("--kv-heads", type=int, required=True)
+    parser.add_argument("--head-size", type=int, required=True)
+    parser.add_argument("--dtype", default="float16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument("--tokens-per-block", type=int, default=16)
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--status-every", type=float, default=10.0, metavar="S",
+                        help="print a status line every S seconds (0: never)")
+    parser.add_argument("--ready-file", type=Path,
+                        help="once serving, write {\"endpoints\": [...]} here as JSON")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from kvtiers.config.loader import load_config
+    from kvtiers.errors import ConfigError, ConfigProblem
+
+    from kvtiers_p2p.node import CacheNode
+
+    config = load_config(args.config)
+    model = args.model or config.model
+    if not model:
+        raise ConfigError(ConfigProblem("$.model", "give --model or set model in the config"))
+    try:
+        geometry = BlockGeometry(args.layers, args.kv_heads, args.head_size, args.dtype,
+                                 args.tokens_per_block, args.tp_size)
+    except ValueError as exc:
+        raise ConfigError(ConfigProblem("$", f"block geometry: {exc}")) from exc
+    namespace = Namespace(model, (geometry,), args.revision)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        node = CacheNode(config, namespace)
+        try:
+            out = sys.stdout
+            print(f"kvtiers serve: {namespace} on {', '.join(node.endpoints)}; pool "
+                  f"{node.pool.num_slots} blocks of {geometry.block_bytes} bytes", file=out,
+                  flush=True)
+            if args.ready_file is not None:
+                tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
+                tmp.write_text(json.dumps({"endpoints": node.endpoints}))
+                os.replace(tmp, args.ready_file)
+            last = time.monotonic()
+            while not stop.wait(0.01):
+                node.step()
+                if args.status_every and time.monotonic() - last >= args.status_every:
+                    last = time.monotonic()
+                    print(f"kvtiers serve: {node.status()}", file=out, flush=True)
+            print(f"kvtiers serve: stopping ({node.status()})", file=out, flush=True)
+        finally:
+            node.close()
+        print("kvtiers serve: stopped", flush=True)
+        return 0
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def add_p2p_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="p2p_command", metavar="COMMAND", required=True)
+    keygen = sub.add_parser("keygen", help="make a CURVE key pair for p2p peers",
+                            description="Write NAME.key (public) and NAME.key_secret "
+                                        "(secret, mode 0600) into DIRECTORY.")
+    keygen.add_argument("directory", type=Path)
+    keygen.add_argument("--name", default="kvtiers-p2p")
+
+
+def run_p2p(args: argparse.Namespace) -> int:
+    from kvtiers_p2p.security import keygen
+
+    public, secret = keygen(args.directory, args.name)
+    print(f"public key: {public} (give it to the servers' allowed_keys_dir, or to the "
+          f"pullers as server_public_key_file)\nsecret key: {secret} (mode 0600; "
+          "secret_key_file of this side's curve section)")
+    return 0

@@ -1,0 +1,127 @@
+"""`CacheNode`: a standalone cache node - a CPU pool, its manager and secondary
+tiers, serving engines through a p2p tier (what `kvtiers serve` runs).
+
+Engines pull from it like from any peer, and cascade into it: its p2p tier takes
+pushed blocks (`Store`), verified, into the node's pool through `store_blocks`,
+and the node's manager cascades them further down (an fs tier, say) by its write
+policy. A promotion from those tiers starts when a peer's lookup reaches them
+(the peer's probe sees PENDING and asks again).
+
+Threads: `step` on the node's main thread (the manager's scheduler thread);
+`store_blocks` on the p2p server's thread - the manager serialises the two (it
+takes a lock when a tier serves peers).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from kvtiers.clock import monotonic
+from kvtiers.config.model import KvtiersConfig
+from kvtiers.errors import ConfigError, ConfigProblem
+from kvtiers.keys import BlockKey
+from kvtiers.manager import TieringOffloadingManager
+from kvtiers.manager.build import num_slots_for, tier_names
+from kvtiers.metrics import NullMetrics
+from kvtiers.namespace import Namespace
+from kvtiers.plugins.registry import Registry, get_registry
+from kvtiers.policies.base import EvictionPolicy
+from kvtiers.pool import CpuPool
+from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.tiers import create_tier
+
+from kvtiers_p2p.tier import P2PTier
+
+__all__ = ["CacheNode"]
+
+
+class CacheNode:
+    """Build the node for `config` (a kvtiers config with at least one p2p tier
+    with a `port`) and `namespace` (the model whose blocks it holds): the pool is
+    allocated (refused when larger than the machine), the tiers are built and the
+    p2p tiers start serving. `close` ends everything."""
+
+    def __init__(self, config: KvtiersConfig, namespace: Namespace, *,
+                 registry: Registry | None = None, logger: logging.Logger | None = None):
+        registry = registry or get_registry()
+        self.log = logger or logging.getLogger("kvtiers.serve")
+        self.namespace = namespace
+        block_bytes = sum(g.block_bytes for g in namespace.groups[:1])
+        if len(namespace.groups) != 1:
+            raise ConfigError(ConfigProblem(
+                "$", "kvtiers serve holds one KV-cache group's blocks per node"))
+        self.pool = CpuPool(block_bytes, config.cpu_bytes_to_use, shared=False, pin=False)
+        tiers: list[SecondaryTier] = []
+        try:
+            for name, section in zip(tier_names(config), config.secondary_tiers, strict=True):
+                ctx = TierContext(self.pool.view, namespace, monotonic,
+                                  self.log.getChild(name), NullMetrics(), name, registry)
+                tiers.append(create_tier(section, ctx, registry))
+            self.p2p = [t for t in tiers if isinstance(t, P2PTier) and t.config["port"] is not None]
+            if not self.p2p:
+                raise ConfigError(ConfigProblem(
+                    "$.secondary_tiers", "kvtiers serve needs a p2p tier with a port to "
+                    'serve on, e.g. {"type": "p2p", "host": "0.0.0.0", "port": 5710}'))
+            slots = num_slots_for(config, block_bytes)
+            policy = registry.get_policy(config.eviction_policy).record.load()
+            if not issubclass(policy, EvictionPolicy):
+                raise ConfigError(ConfigProblem(
+                    "$.eviction_policy", f"{config.eviction_policy!r} is not an eviction policy"))
+            self.manager = TieringOffloadingManager(
+                slots, policy.for_slots(slots), tiers, write_policy=config.write_policy,
+                job_timeout_s=config.job_timeout_s,
+                cascade_queue_blocks=config.cascade_queue_blocks,
+                breaker_failures=config.breaker.failures,
+                breaker_cooldown_s=config.breaker.cooldown_s,
+                require_verified_tiers=config.require_verified_tiers,
+                tier_names=tier_names(config))
+            for tier in self.p2p:
+                tier.accept_stores(self.store_blocks)
+                tier.serve_external_requests(self.manager)
+        except BaseException:
+            for built in tiers:
+                built.close()
+            self.pool.close()
+            raise
+        self.stored = 0  # blocks peers pushed that the node kept
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [t.server.endpoint for t in self.p2p if t.server is not None]
+
+    def store_blocks(self, keys: Sequence[BlockKey], blocks: Sequence[memoryview]) -> list[bool]:
+        """The p2p server's sink: keep verified pushed blocks in the pool (keys held
+        already are kept as they are). All False when the pool cannot take them."""
+        mgr = self.manager
+        out = mgr.prepare_store(keys)
+        if out is None:
+            return [False] * len(keys)
+        fresh = dict(zip(out.keys, out.slots, strict=True))
+        view = self.pool.view
+        for key, block in zip(keys, blocks, strict=True):
+            slot = fresh.get(key)
+            if slot is not None:
+                view.block(slot)[:] = block
+        mgr.complete_store(out.keys, True)
+        self.stored += len(out.keys)
+        return [True] * len(keys)
+
+    def step(self) -> None:
+        self.manager.step()
+
+    def status(self) -> str:
+        """One line: peers, pool use, traffic."""
+        stats = self.manager.stats()
+        pool = stats["pool"]
+        peers = sum(t.server.sessions for t in self.p2p if t.server is not None)
+        shipped = sum(t.server.counters["blocks_shipped"] for t in self.p2p
+                      if t.server is not None)
+        return (f"peers {peers}  pool {pool['resident']}/{pool['num_slots']} blocks "
+                f"({pool['pinned']} pinned)  shipped {shipped}  stored {self.stored}")
+
+    def close(self) -> None:
+        """Stop serving (peers are told), end the tiers' jobs, free the pool."""
+        self.manager.drain(timeout=10.0)
+        self.manager.close()
+        self.pool.close()

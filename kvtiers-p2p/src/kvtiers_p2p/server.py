@@ -1,0 +1,378 @@
+"""`PeerServer`: serves this engine's CPU pool to peers, through `ParentManager`.
+
+One thread of its own owns a ZeroMQ ROUTER socket (ZeroMQ sockets belong to one
+thread). Per peer it keeps a session, made by a `Hello` the handshake accepts;
+every other message of a peer without one gets `Disconnect("no session")`, so a
+puller that this side dropped (or restarted without) says hello again.
+
+- `Lookup`: `parent.lookup` per key: HIT is PRESENT, HIT_PENDING (a write into the
+  pool in flight: a promotion this lookup may just have started) is PENDING,
+  anything else ABSENT. A lookup that the manager answers RETRY (one of its own
+  tiers probing, possibly a p2p tier asking peers in turn) is ABSENT, so two
+  engines that ask each other never keep each other waiting.
+- `Fetch`: the slots are checked against the puller's pool; the readable keys are
+  pinned with `parent.create_store_job` (all or nothing: re-tried once with a fresh
+  lookup when a block went meanwhile), within the peer's pin budget (a share of the
+  pool); their bytes go out as zero-copy frames after a `TransferDone` that carries
+  each block's checksum. The pins are released (`complete_store_job`) when ZeroMQ
+  has let go of the frames, or after `pin_timeout_s` in any case: a block changed
+  under a frame still queued then fails its checksum at the puller - a miss, never
+  wrong bytes.
+- `Store` (only with a `sink`: a `kvtiers serve` cache node): each pushed block is
+  verified against its checksum, then handed to the sink, which keeps it in the
+  node's pool; without a sink every key is REFUSED.
+- A session silent past `session_timeout_s`, or that says `Disconnect`, is dropped
+  with its pins. `close` says `Disconnect` to every session and releases all pins.
+
+Nothing here blocks on a peer: sends never wait (a peer whose queue is full loses
+the message and times out on its side), and the loop wakes at least every 50 ms.
+A malformed message is logged (rate-limited per peer) and answered or dropped; it
+never ends the thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+import msgspec
+import zmq
+from kvtiers.integrity import checksum
+from kvtiers.lookup import LookupResult
+from kvtiers.parent import ParentManager
+from kvtiers.pool_view import PoolView
+
+from kvtiers_p2p.codec import ProtocolError, check_slots, decode_client, encode
+from kvtiers_p2p.handshake import Identity, choose_plane, refusal
+from kvtiers_p2p.protocol import (
+    MAX_KEYS,
+    Abort,
+    DataPlane,
+    Disconnect,
+    ErrorReply,
+    Fetch,
+    Hello,
+    KeepAlive,
+    Lookup,
+    LookupReply,
+    Refused,
+    State,
+    Store,
+    StoreDone,
+    TransferDone,
+    Welcome,
+)
+from kvtiers_p2p.security import CurveKeys
+from kvtiers_p2p.sessions import ServeLimits, Session, Shipment, StoreSink
+
+__all__ = ["PeerServer", "ServeLimits", "StoreSink"]
+
+_POLL_MS = 50
+_BATCH = 256  # messages handled before the housekeeping runs again
+_CLOSE_WAIT_S = 2.0  # how long close lets transfers under way and goodbyes finish
+DEFAULT_LIMITS = ServeLimits()
+
+
+class PeerServer:
+    """Serve `pool` (the manager's) from `parent` on `bind` ("tcp://HOST:PORT";
+    port 0 picks one: see `endpoint`). `start` binds (raising on failure) and
+    starts the thread; `close` stops it. Both block briefly; neither is for the
+    scheduler thread's hot path (they run at start-up and shutdown)."""
+
+    def __init__(self, parent: ParentManager, pool: PoolView, identity: Identity, *,
+                 bind: str, limits: ServeLimits = DEFAULT_LIMITS,
+                 curve: CurveKeys | None = None, sink: StoreSink | None = None,
+                 logger: logging.Logger | None = None):
+        self._parent = parent
+        self._pool = pool
+        self._identity = identity
+        self._bind = bind
+        self._limits = limits
+        self._curve = curve
+        self._sink = sink
+        self._log = logger or logging.getLogger("kvtiers.p2p.server")
+        self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
+        self._sessions: dict[bytes, Session] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket[bytes] | None = None
+        self._warned: dict[bytes, float] = {}
+        self._auth: Any = None
+        self.endpoint = ""
+        #: counters (read by stats and tests; written by the server thread only)
+        self.counters = {"sessions": 0, "refused": 0, "lookups": 0, "fetches": 0,
+                         "blocks_shipped": 0, "bytes_shipped": 0, "bad_messages": 0,
+                         "dropped_sessions": 0, "pin_timeouts": 0, "over_budget": 0,
+                         "blocks_stored": 0}
+
+    # Lifecycle (any thread but the server's).
+
+    def start(self) -> None:
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting peer's new session wins
+        sock.setsockopt(zmq.MAXMSGSIZE, -1)  # control frames are checked by size when read
+        if self._curve is not None:
+            self._auth = self._curve.start_authenticator(self._ctx)
+            self._curve.apply_server(sock)
+        try:
+            sock.bind(self._bind)
+        except zmq.ZMQError:
+            sock.close(0)
+            if self._auth is not None:
+                self._auth.stop()
+            raise
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, name="kvtiers-p2p-server",
+                                        daemon=True)
+        self._thread.start()
+        self._log.info("serving peers on %s as %s", self.endpoint, self._identity.peer_id)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving: every session is told `Disconnect` and its pins released.
+        Idempotent."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)  # the thread closes its socket and the context
+        elif self._sock is None and not self._ctx.closed:
+            self._ctx.term()
+
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    # The server thread.
+
+    def _serve(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        try:
+            while not self._stop.is_set():
+                if sock.poll(_POLL_MS, zmq.POLLIN):
+                    for _ in range(_BATCH):
+                        try:
+                            parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._receive(sock, parts)
+                self._housekeeping(time.monotonic())
+        except Exception:  # noqa: BLE001 - logged; the pins are released below
+            self._log.exception("p2p server stopped by an error")
+        finally:
+            # Transfers under way end first (bounded: a peer that does not read
+            # does not hold the shutdown), then every peer is told, then pins go.
+            end = time.monotonic() + _CLOSE_WAIT_S
+            while any(s.shipments for s in self._sessions.values()) and (
+                    time.monotonic() < end):
+                for session in self._sessions.values():
+                    self._settle(session, time.monotonic())
+                time.sleep(0.005)
+            for ident in list(self._sessions):
+                self._send(sock, ident, Disconnect("server closing"))
+                self._drop(ident, why=None)
+            sock.close(linger=int(_CLOSE_WAIT_S * 1000))  # the goodbyes get out
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.term()
+
+    def _receive(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
+        ident = parts[0].bytes
+        if len(parts) < 2:
+            self._bad(sock, ident, 0, "an empty message")
+            return
+        try:
+            message = decode_client(parts[1].buffer)
+        except ProtocolError as exc:
+            self._bad(sock, ident, 0, str(exc))
+            return
+        blocks = parts[2:]
+        if blocks and not isinstance(message, Store):
+            self._bad(sock, ident, 0, f"a message of {len(parts) - 1} frames (expected 1)")
+            return
+        now = time.monotonic()
+        if isinstance(message, Hello):
+            self._hello(sock, ident, message, now)
+            return
+        session = self._sessions.get(ident)
+        if session is None:
+            if not isinstance(message, Disconnect):
+                # A puller whose session this side dropped (or never had: a restart)
+                # learns it must say hello again.
+                self._send(sock, ident, Disconnect("no session: send hello first"))
+            return
+        session.heard = now
+        if isinstance(message, Lookup):
+            self._lookup(sock, ident, message)
+        elif isinstance(message, Fetch):
+            self._fetch(sock, ident, session, message, now)
+        elif isinstance(message, Store):
+            self._store(sock, ident, message, blocks)
+        elif isinstance(message, KeepAlive):
+            if message.reply:
+                self._send(sock, ident, KeepAlive(message.seq))
+        elif isinstance(message, Abort):
+            pass  # its frames are queued already; the pins go when ZeroMQ lets go of them
+        elif isinstance(message, Disconnect):
+            self._drop(ident, why=f"said goodbye ({message.reason[:100]})")
+
+    def _hello(self, sock: zmq.Socket[bytes], ident: bytes, hello: Hello, now: float) -> None:
+        reason = refusal(self._identity, hello)
+        if reason is None and ident not in self._sessions and (
+                len(self._sessions) >= self._limits.max_sessions):
+            reason = f"this server serves at most {self._limits.max_sessions} peers at once"
+        if reason is not None:
+            self.counters["refused"] += 1
+            self._log.warning("refused peer %r: %s", hello.peer_id[:100], reason)
+            self._send(sock, ident, Refused(reason))
+            return
+        if ident in self._sessions:  # a second hello: a new session replaces the old
+            self._drop(ident, why=None)
+        kind = choose_plane(self._identity.capabilities, hello.capabilities)
+        assert kind is not None  # refusal() checked
+        self._sessions[ident] = Session(hello.peer_id, hello.data_plane.num_slots, now)
+        self.counters["sessions"] += 1
+        self._log.info("peer %r connected (data plane %s)", hello.peer_id[:100], kind)
+        plane = DataPlane("nixl" if kind == "nixl" else "zmq", self._pool.num_slots,
+                          self._pool.slot_bytes)
+        self._send(sock, ident, Welcome(self._identity.peer_id, self._limits.keepalive_s, plane,
+                                        min(self._max_pinned, MAX_KEYS),
+                                        accepts_stores=self._sink is not None))
+
+    def _lookup(self, sock: zmq.Socket[bytes], ident: bytes, lookup: Lookup) -> None:
+        self.counters["lookups"] += 1
+        parent_lookup = self._parent.lookup
+        states = bytearray(len(lookup.keys))
+        for i, key in enumerate(lookup.keys):
+            answer = parent_lookup(key)
+            if answer is LookupResult.HIT:
+                states[i] = State.PRESENT
+            elif answer is LookupResult.HIT_PENDING:
+                states[i] = State.PENDING
+        self._send(sock, ident, LookupReply(lookup.req, bytes(states)))
+
+    def _fetch(self, sock: zmq.Socket[bytes], ident: bytes, session: Session,
+               fetch: Fetch, now: float) -> None:
+        self.counters["fetches"] += 1
+        self._settle(session, now)  # what ZeroMQ let go of since is not pinned any more
+        try:
+            check_slots(fetch, session.num_slots)
+        except ProtocolError as exc:
+            self._bad(sock, ident, fetch.req, str(exc))
+            return
+        budget = max(self._max_pinned - session.pinned, 0)
+        job = None
+        for _attempt in range(2):
+            states = bytearray(len(fetch.keys))
+            wanted = [i for i, key in enumerate(fetch.keys)
+                      if self._parent.lookup(key) is LookupResult.HIT]
+            if len(wanted) > budget:
+                self.counters["over_budget"] += len(wanted) - budget
+                for i in wanted[budget:]:
+                    states[i] = State.REFUSED
+                wanted = wanted[:budget]
+            if not wanted:
+                break
+            job = self._parent.create_store_job([fetch.keys[i] for i in wanted])
+            if job is not None:
+                break
+        if job is None:
+            self._send(sock, ident, TransferDone(fetch.req, bytes(states), []))
+            return
+        block = self._pool.block
+        frames = [zmq.Frame(block(slot), track=True) for slot in job.slots]
+        sums = [checksum(block(slot)) for slot in job.slots]
+        for i in wanted:
+            states[i] = State.PRESENT
+        header = encode(TransferDone(fetch.req, bytes(states), sums))
+        try:
+            sock.send_multipart([ident, header, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:  # full or gone: the peer times out and retries
+            self._log.debug("could not ship to %r: %s", session.peer_id[:100], exc)
+        tracker = zmq.MessageTracker(*frames)
+        session.pinned += len(frames)
+        session.shipments.append(
+            Shipment(job.job_id, len(frames), tracker, now + self._limits.pin_timeout_s))
+        self.counters["blocks_shipped"] += len(frames)
+        self.counters["bytes_shipped"] += len(frames) * self._pool.block_bytes
+
+    def _store(self, sock: zmq.Socket[bytes], ident: bytes, store: Store,
+               blocks: list[zmq.Frame]) -> None:
+        n = len(store.keys)
+        bb = self._pool.block_bytes
+        if len(blocks) != n or any(len(b.buffer) != bb for b in blocks):
+            self._bad(sock, ident, store.req,
+                      f"store {store.req}: {len(blocks)} frames for {n} blocks of {bb} bytes")
+            return
+        states = bytearray([State.REFUSED] * n)
+        if self._sink is not None:
+            good = []
+            for i, block in enumerate(blocks):
+                if checksum(block.buffer) == store.checksums[i]:
+                    good.append(i)
+                else:
+                    states[i] = State.CORRUPT
+            if good:
+                held = self._sink([store.keys[i] for i in good], [blocks[i].buffer for i in good])
+                for i, ok in zip(good, held, strict=True):
+                    states[i] = State.PRESENT if ok else State.REFUSED
+                self.counters["blocks_stored"] += sum(held)
+        self._send(sock, ident, StoreDone(store.req, bytes(states)))
+
+    # Housekeeping: pins whose frames ZeroMQ released, sessions gone silent.
+
+    def _housekeeping(self, now: float) -> None:
+        timeout = self._limits.session_timeout_s
+        for ident, session in list(self._sessions.items()):
+            if now - session.heard > timeout:
+                self._drop(ident, why=f"silent for more than {timeout:g} s")
+                continue
+            if session.shipments:
+                self._settle(session, now)
+
+    def _settle(self, session: Session, now: float) -> None:
+        kept = []
+        for shipment in session.shipments:
+            if shipment.tracker.done:
+                self._unpin(session, shipment)
+            elif now > shipment.until:
+                self.counters["pin_timeouts"] += 1
+                self._unpin(session, shipment)
+            else:
+                kept.append(shipment)
+        session.shipments = kept
+
+    def _unpin(self, session: Session, shipment: Shipment) -> None:
+        self._parent.complete_store_job(shipment.job_id)
+        session.pinned -= shipment.blocks
+
+    def _drop(self, ident: bytes, why: str | None) -> None:
+        session = self._sessions.pop(ident, None)
+        if session is None:
+            return
+        for shipment in session.shipments:
+            self._unpin(session, shipment)
+        session.shipments = []
+        if why is not None:
+            self.counters["dropped_sessions"] += 1
+            self._log.info("peer %r dropped: %s", session.peer_id[:100], why)
+
+    def _bad(self, sock: zmq.Socket[bytes], ident: bytes, req: int, reason: str) -> None:
+        self.counters["bad_messages"] += 1
+        now = time.monotonic()
+        if now - self._warned.get(ident, -1e9) > 10.0:  # one line per peer per 10 s
+            if len(self._warned) > 4096:
+                self._warned.clear()
+            self._warned[ident] = now
+            self._log.warning("rejected a message from peer %s: %s", ident.hex()[:16], reason)
+        self._send(sock, ident, ErrorReply(req, reason[:2000]))
+
+    def _send(self, sock: zmq.Socket[bytes], ident: bytes, message: msgspec.Struct) -> None:
+        # A peer gone or not reading loses the message and times out on its side.
+        with contextlib.suppress(zmq.ZMQError):
+            sock.send_multipart([ident, encode(message)], zmq.NOBLOCK)

@@ -1,0 +1,49 @@
+"""What a `PeerServer` keeps per peer and the limits it serves under (the server
+thread's state only: nothing here is shared with another thread)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import zmq
+from kvtiers.keys import BlockKey
+
+__all__ = ["ServeLimits", "Session", "Shipment", "StoreSink"]
+
+#: where a cache node keeps blocks peers push (`Store`): `sink(keys, blocks)` -> per
+#: key, whether it is held now (stored, or held already). Called on the server
+#: thread with verified blocks; it copies them before it returns.
+StoreSink = Callable[[Sequence[BlockKey], Sequence[memoryview]], list[bool]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServeLimits:
+    keepalive_s: float = 1.0
+    session_timeout_s: float = 5.0
+    pin_timeout_s: float = 30.0
+    max_pinned_share: float = 0.25
+    max_sessions: int = 64
+
+
+@dataclass(slots=True)
+class Shipment:
+    """Blocks shipped to a peer and still pinned: `tracker` says when ZeroMQ has
+    let go of their frames; `until` is when the pins go in any case."""
+
+    job_id: int
+    blocks: int
+    tracker: zmq.MessageTracker
+    until: float
+
+
+@dataclass(slots=True)
+class Session:
+    """One peer's session: its pool size (from its Hello), when it was last heard,
+    how many blocks it holds pinned, and the shipments holding them."""
+
+    peer_id: str
+    num_slots: int
+    heard: float
+    pinned: int = 0
+    shipments: list[Shipment] = field(default_factory=list)

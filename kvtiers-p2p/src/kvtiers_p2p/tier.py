@@ -1,0 +1,364 @@
+"""`P2PTier`: the `p2p` tier - pull KV blocks from peers' CPU pools, serve ours.
+
+Pulling (the tier's lookups and loads):
+- `lookup` answers from `AsyncProbe` verdicts: an unknown key is RETRY while a
+  background probe asks the peers (one batched `Lookup` per peer and step, in the
+  order of `peers`); the first peer that holds it is remembered for the load.
+- `submit_load` runs on an `AsyncJobEngine`: one `Fetch` per peer per job (not per
+  block); each block lands in its slot and is verified there (`verifies`). A peer
+  that dies mid-transfer fails its keys (`io`, or `timeout` at the job's deadline or
+  `fetch_timeout_s`, whichever is sooner): misses, never a stall past the deadline.
+- `submit_store` copies nothing by default: a block stored in this engine's pool is
+  what peers pull, for as long as the pool holds it; it succeeds at once. With
+  `push`, it sends the blocks (with checksums) to the first ready peer that takes
+  stores - a `kvtiers serve` cache node - which verifies and keeps them.
+
+Serving (`serve_external_requests(parent)`, with a `port`): a `PeerServer` answers
+peers from the manager through `ParentManager` (pin, ship, unpin), bounded by the
+limits of the config.
+
+Per-tier roles (`role`): `remote_kv_source` (the default with peers) probes;
+`remote_prefiller` (P/D decode side) answers HIT at once while a peer is connected
+and pulls from it; `remote_decoder` (P/D prefill side) pulls nothing and serves.
+
+Per-request roles (vLLM's `kv_transfer_params`): a request naming a
+`remote_kv_source` or `remote_prefiller` (`remote_host`, `remote_port`) adds that
+peer for this tier's probes and loads; `remote_decoder` needs nothing here (the
+server serves whoever asks).
+
+Threads: lookup/submit/take/stats/request hooks are the scheduler thread's and
+never block (a dictionary lookup, a queue hand-off). Probes run on the probe's
+thread; sessions and transfers on the engine's loop; the server on its own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from kvtiers.errors import ConfigError, ConfigProblem
+from kvtiers.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.keys import BlockKey
+from kvtiers.lookup import LookupResult
+from kvtiers.options import resolve_options
+from kvtiers.parent import ParentManager
+from kvtiers.probe import AsyncProbe
+from kvtiers.sdk.aio import AsyncJobEngine, AsyncJobHooks
+from kvtiers.sdk.job import Job, Outcome
+from kvtiers.stats import StatsRecorder, TierStats
+from kvtiers.tier import SecondaryTier, TierContext
+
+from kvtiers_p2p.client import LinkOptions, PeerLink
+from kvtiers_p2p.handshake import Identity, seed_fingerprint
+from kvtiers_p2p.protocol import MAX_KEYS, DataPlane, State
+from kvtiers_p2p.schema import P2P_SCHEMA
+from kvtiers_p2p.security import CurveKeys
+from kvtiers_p2p.server import PeerServer, ServeLimits, StoreSink
+
+__all__ = ["P2PTier"]
+
+#: peers a tier may know (configured and named by requests together)
+MAX_PEERS = 256
+#: keys whose holder is remembered between a probe and a load
+MAX_REMEMBERED = 1 << 20
+_HOST = re.compile(r"^[A-Za-z0-9.\-:\[\]]{1,253}$")
+
+
+def _endpoint(host: Any, port: Any) -> str | None:
+    """`tcp://host:port` from request parameters, or None when they are not sane."""
+    if not isinstance(host, str) or not _HOST.match(host):
+        return None
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        return None
+    return f"tcp://{host}:{port}"
+
+
+class P2PTier(SecondaryTier):
+    """See the module docstring. Config: `kvtiers_p2p.schema.P2P_SCHEMA`."""
+
+    persistent = False
+    shared = False
+    serves_peers = True
+    verifies = True
+
+    def __init__(self, ctx: TierContext, config: Mapping[str, Any]):
+        options = resolve_options(P2P_SCHEMA, config, "p2p")
+        super().__init__(ctx, options)
+        self._log = ctx.logger
+        plane = options["data_plane"]
+        if plane == "nixl":
+            raise ConfigError(ConfigProblem(
+                "$.data_plane", "the nixl data plane is not in this version of kvtiers-p2p; "
+                'use "auto" or "zmq" (ZeroMQ frames)'))
+        self._kinds = ("zmq",)
+        peer_id = options["peer_id"] or f"{socket.gethostname()}:{os.getpid()}"
+        self.identity = Identity(peer_id, ctx.namespace.fingerprint,
+                                 seed_fingerprint(options["hash_seed"]), ctx.block_bytes,
+                                 self._kinds)
+        curve = options["curve"]
+        self._curve = CurveKeys.from_config(curve) if curve else None
+        keepalive, reconnect = options["keepalive"], options["reconnect"]
+        self._link_options = LinkOptions(
+            keepalive_s=keepalive["interval_s"], timeout_s=keepalive["timeout_s"],
+            reconnect_min_s=reconnect["min_s"], reconnect_max_s=reconnect["max_s"],
+            lookup_timeout_s=options["lookup_timeout_s"])
+        self._fetch_timeout_s: float = options["fetch_timeout_s"]
+        self._pending_wait_s: float = options["pending_wait_s"]
+        self._push: bool = options["push"]
+        self._role: str | None = options["role"]
+        self._miss_ttl_s: float = options["miss_ttl_s"]
+        self._failed: dict[BlockKey, float] = {}  # remote_prefiller: key -> miss until
+        self._sink: StoreSink | None = None
+        self._stats = StatsRecorder()
+        self._closed = False
+        self._server: PeerServer | None = None
+        self._links: dict[str, PeerLink] = {}
+        self._where: dict[BlockKey, PeerLink] = {}  # written on the loop only
+        self._zctx = zmq.asyncio.Context()
+        self._engine = AsyncJobEngine(
+            ctx,
+            load=AsyncJobHooks(block=self._load_one, batch=self._load_batch),
+            store=AsyncJobHooks(block=self._store_one, batch=self._store_batch,
+                                start=self._store_start),
+            load_concurrency=options["num_threads"], store_concurrency=1,
+            stats=self._stats, batch_bytes=MAX_KEYS * ctx.block_bytes,
+            on_close=self._close_links, name=f"kvtiers-{ctx.name or 'p2p'}")
+        self._probe = AsyncProbe(self._probe_peers, clock=ctx.clock,
+                                 hit_ttl_s=options["hit_ttl_s"],
+                                 miss_ttl_s=options["miss_ttl_s"],
+                                 name=f"kvtiers-{ctx.name or 'p2p'}-probe")
+        for endpoint in options["peers"]:
+            self.add_peer(endpoint)
+
+    # Peers.
+
+    def add_peer(self, endpoint: str) -> bool:
+        """Pull from the server at `endpoint` too ("tcp://HOST:PORT"); any thread,
+        never blocks. False when it is known already or too many peers are."""
+        if self._closed or endpoint in self._links or len(self._links) >= MAX_PEERS:
+            return False
+        plane = DataPlane("zmq", self.ctx.pool.num_slots, self.ctx.pool.slot_bytes)
+        link = PeerLink(endpoint, self.identity.hello(plane), self.ctx.pool,
+                        context=self._zctx, options=self._link_options, curve=self._curve,
+                        logger=self._log)
+        self._links[endpoint] = link
+        self._engine.loop.call_soon_threadsafe(link.start)
+        return True
+
+    @property
+    def links(self) -> Mapping[str, PeerLink]:
+        return self._links
+
+    @property
+    def server(self) -> PeerServer | None:
+        return self._server
+
+    # Scheduler thread.
+
+    def lookup(self, key: BlockKey) -> LookupResult:
+        if self._closed or not self._links or self._role == "remote_decoder":
+            self._stats.lookup(False)
+            return LookupResult.MISS
+        if self._role == "remote_prefiller":
+            # P/D: the prefill node holds this engine's blocks; no probe (a block it
+            # lacks fails its fetch: a miss one step later).
+            failed = self._failed.get(key)
+            hit = (failed is None or failed < self.ctx.clock()) and any(
+                link.ready for link in self._links.values())
+            self._stats.lookup(hit)
+            return LookupResult.HIT if hit else LookupResult.MISS
+        answer = self._probe.check(key)
+        if answer is not LookupResult.RETRY:
+            self._stats.lookup(answer is LookupResult.HIT)
+        return answer
+
+    def submit_load(self, job: TransferJob) -> None:
+        self._engine.submit_load(job)
+
+    def submit_store(self, job: TransferJob) -> None:
+        self._engine.submit_store(job)
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        return self._engine.take_finished()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        return self._engine.drain(timeout)
+
+    def stats(self) -> TierStats:
+        return self._stats.snapshot(usage_bytes=0)
+
+    def on_request_start(self, request_id: str,
+                         params: Mapping[str, Any] | None = None) -> None:
+        if not params:
+            return
+        for role in ("remote_kv_source", "remote_prefiller"):
+            sub = params.get(role)
+            if isinstance(sub, Mapping):
+                endpoint = _endpoint(sub.get("remote_host"), sub.get("remote_port"))
+                if endpoint is not None:
+                    self.add_peer(endpoint)
+
+    def accept_stores(self, sink: StoreSink) -> None:
+        """Keep the blocks peers push (`Store`) through `sink`: what a `kvtiers
+        serve` cache node, which owns its manager, does. Call before
+        `serve_external_requests`."""
+        self._sink = sink
+
+    def serve_external_requests(self, parent: ParentManager) -> None:
+        """Serve this engine's pool to peers when a `port` is configured (0: any
+        free one; see `server.endpoint`). Binds now; raises if it cannot."""
+        if self._server is not None or self._closed:
+            return
+        port = self.config["port"]
+        if port is None:
+            self._log.info("p2p: no port configured; serving no peers")
+            return
+        if port:
+            port += self.config["data_parallel_rank"]
+        keepalive = self.config["keepalive"]
+        limits = ServeLimits(
+            keepalive_s=keepalive["interval_s"], session_timeout_s=keepalive["timeout_s"],
+            pin_timeout_s=self.config["unbound_store_timeout_s"],
+            max_pinned_share=self.config["limits"]["max_pinned_share"],
+            max_sessions=self.config["limits"]["max_sessions"])
+        server = PeerServer(parent, self.ctx.pool, self.identity,
+                            bind=f"tcp://{self.config['host']}:{port}", limits=limits,
+                            curve=self._curve, sink=self._sink, logger=self._log)
+        server.start()
+        self._server = server
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._probe.close()
+        if self._server is not None:
+            self._server.close()
+        self._engine.close(timeout=2.0)
+
+    # The probe's thread.
+
+    def _probe_peers(self, keys: Sequence[BlockKey]) -> set[BlockKey]:
+        opt = self._link_options
+        return self._engine.run(self._ask(list(keys)),
+                                timeout=len(self._links) * (opt.lookup_timeout_s + 1)
+                                + self._pending_wait_s + 1)
+
+    # The engine's loop.
+
+    async def _ask(self, keys: list[BlockKey]) -> set[BlockKey]:
+        loop = asyncio.get_running_loop()
+        found: set[BlockKey] = set()
+        todo = keys
+        for link in list(self._links.values()):
+            if not todo:
+                break
+            until = loop.time() + self._pending_wait_s
+            for first in range(0, len(todo), MAX_KEYS):
+                chunk = todo[first:first + MAX_KEYS]
+                while chunk:
+                    states = await link.lookup(chunk)
+                    if states is None:
+                        break
+                    pending = []
+                    for key, state in zip(chunk, states, strict=True):
+                        if state == State.PRESENT:
+                            found.add(key)
+                            self._remember(key, link)
+                        elif state == State.PENDING:
+                            pending.append(key)
+                    if not pending or loop.time() >= until:
+                        break
+                    chunk = pending  # being written into the peer's pool: ask again
+                    await asyncio.sleep(0.005)
+            todo = [k for k in todo if k not in found]
+        return found
+
+    def _remember_failed(self, key: BlockKey) -> None:
+        """remote_prefiller: `key` failed its fetch; a miss for `miss_ttl_s`."""
+        failed = self._failed
+        if key not in failed and len(failed) >= MAX_REMEMBERED:
+            failed.pop(next(iter(failed)))
+        failed[key] = self.ctx.clock() + self._miss_ttl_s
+
+    def _remember(self, key: BlockKey, link: PeerLink) -> None:
+        where = self._where
+        if key not in where and len(where) >= MAX_REMEMBERED:
+            where.pop(next(iter(where)))
+        where[key] = link
+
+    async def _load_batch(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
+        keys, slots = job.keys, job.slots
+        out: dict[int, Outcome] = dict.fromkeys(indices, FailureReason.MISSING)
+        by_link: dict[PeerLink, list[int]] = {}
+        eager = None
+        if self._role == "remote_prefiller":
+            eager = next((x for x in self._links.values() if x.ready), None)
+        for i in indices:
+            link = self._where.get(keys[i], eager)
+            if link is not None:
+                by_link.setdefault(link, []).append(i)
+        timeout = self._timeout(job)
+        groups = list(by_link.items())
+        results = await asyncio.gather(*(
+            link.fetch([keys[i] for i in idx], [slots[i] for i in idx], timeout)
+            for link, idx in groups))
+        for (_, idx), outcomes in zip(groups, results, strict=True):
+            for i, outcome in zip(idx, outcomes, strict=True):
+                out[i] = outcome
+                if outcome is FailureReason.REJECTED:  # over the peer's budget now
+                    self._where.pop(keys[i], None)
+                    self._probe.forget(keys[i])
+                elif outcome is not None:  # a miss for a while, not a probe and a retry
+                    self._where.pop(keys[i], None)
+                    self._probe.record(keys[i], False)
+                    if eager is not None:
+                        self._remember_failed(keys[i])
+        return [out[i] for i in indices]
+
+    async def _load_one(self, job: Job, i: int) -> Outcome:
+        return (await self._load_batch(job, [i]))[0]
+
+    def _store_start(self, job: Job) -> list[int]:
+        """Without `push`, a store is served from the pool: nothing to copy (0
+        bytes moved). With it, every key is pushed (`_store_batch`)."""
+        if self._push:
+            return list(range(len(job.keys)))
+        for i in range(len(job.keys)):
+            job.succeed(i, 0)
+        return []
+
+    async def _store_batch(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
+        """Push to the first ready peer that takes stores; REJECTED when none does
+        (a healthy refusal: the breaker does not count it)."""
+        link = next((x for x in self._links.values() if x.ready and x.accepts_stores), None)
+        if link is None:
+            return [FailureReason.REJECTED] * len(indices)
+        block = self.ctx.pool.block
+        timeout = self._timeout(job)
+        return await link.push([job.keys[i] for i in indices],
+                               [block(job.slots[i]) for i in indices], timeout)
+
+    async def _store_one(self, job: Job, i: int) -> Outcome:
+        return (await self._store_batch(job, [i]))[0]
+
+    def _timeout(self, job: Job) -> float:
+        timeout = self._fetch_timeout_s
+        deadline = job.transfer.deadline
+        if deadline is not None:
+            timeout = min(timeout, deadline - self.ctx.clock())
+        return timeout
+
+    async def _close_links(self) -> None:
+        for link in list(self._links.values()):
+            await link.close()
+        self._zctx.destroy(linger=0)
+
