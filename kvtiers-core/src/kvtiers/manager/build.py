@@ -55,7 +55,8 @@ def build_manager(
     of its blocks (`ConfigError` naming both otherwise). Without secondary tiers the
     scheduler side never touches the pool's bytes: then `block_bytes` alone will do,
     and `namespace` is not needed. `enable_events` overrides the config's
-    `enable_kv_events`."""
+    `enable_kv_events`. Tiers that serve peers (`serves_peers`) get the manager
+    through `serve_external_requests` before it is returned."""
     if pool is not None:
         num_slots = _check_pool(config, pool)
     elif block_bytes is not None:
@@ -83,7 +84,7 @@ def build_manager(
                 pool, namespace, clock, logger.getChild(name), metrics or NullMetrics(), name
             )
             tiers.append(create_tier(section, ctx, registry))
-        return TieringOffloadingManager(
+        manager = TieringOffloadingManager(
             num_slots,
             policy_cls.for_slots(num_slots),
             tiers,
@@ -97,6 +98,12 @@ def build_manager(
             tier_names=names,
             enable_events=config.enable_kv_events if enable_events is None else enable_events,
         )
+        # The contract: a tier that serves peers is handed its parent once, by the
+        # thread that builds the manager.
+        for tier in tiers:
+            if tier.serves_peers:
+                tier.serve_external_requests(manager)
+        return manager
     except BaseException:
         for tier in tiers:
             tier.close()
