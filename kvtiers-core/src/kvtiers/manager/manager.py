@@ -120,6 +120,20 @@ class TieringOffloadingManager(ParentManager):
         serving = any(t.serves_peers for t in tiers)
         self._lock: Any = threading.RLock() if serving else contextlib.nullcontext()
 
+    @property
+    def lock(self) -> Any:
+        """The context manager every call below enters: a real (reentrant) lock when a
+        tier serves peers from its own threads, else a no-op. An engine adapter that
+        must hold the manager across several calls (vLLM holds its manager for a
+        whole scheduler step) holds this one, so that no second lock is taken."""
+        return self._lock
+
+    def idle(self) -> bool:
+        """No tier job running, no cascade queued, no promotion waiting for `step()`:
+        nothing changes until the engine calls again (an engine may stop stepping)."""
+        with self._lock:
+            return self._traffic.idle()
+
     # ------------------------------------------------------------------ lookups
 
     def lookup(self, key: BlockKey) -> LookupResult:
