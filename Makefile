@@ -9,13 +9,16 @@ STAMP := $(VENV)/.installed
 # Every local distribution (kvtiers-core, kvtiers-fs, ...) is installed editable.
 DISTS := $(wildcard kvtiers-*/pyproject.toml)
 
-$(STAMP): requirements-dev.txt $(DISTS)
+$(STAMP): requirements-dev.txt requirements-vllm.txt $(DISTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: an unpinned resolve pulls a multi-GB CUDA build. The
 	# distributions do not depend on it (kvtiers-core[torch] is an extra); dev and CI
 	# install it for the worker-side and bench tests.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -r requirements-dev.txt
+	# vLLM for tests/vllm, without its dependencies (they pull CUDA builds): the pinned
+	# set its scheduler and offloading code import. A few minutes, ~2 GB.
+	$(BIN)/pip install -q --no-deps -r requirements-vllm.txt
 	$(BIN)/pip install -q $(foreach d,$(DISTS),-e $(dir $(d)))
 	touch $(STAMP)
 
@@ -32,9 +35,9 @@ bench: setup
 
 # ruff with the rules of pyproject.toml, mypy strict on the distributions' sources
 # and on the example tiers docs/plugins.md shows (what authors copy must type-check).
-LINT_PATHS := kvtiers-core kvtiers-fs tests bench examples
-TYPED_PATHS := kvtiers-core/src kvtiers-fs/src examples/kvtiers-scratch/src \
-	examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src
+LINT_PATHS := kvtiers-core kvtiers-fs kvtiers-vllm tests bench examples
+TYPED_PATHS := kvtiers-core/src kvtiers-fs/src kvtiers-vllm/src tests/vllm \
+	examples/kvtiers-scratch/src examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src
 
 lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -1,0 +1,633 @@
+"""vLLM's real scheduler and offloading connector, driven in one process on CPU.
+
+`Engine` puts together what a vLLM engine core and one worker would hold: the real
+`Scheduler` (which builds the scheduler-role `OffloadingConnector` itself), a
+worker-role `OffloadingConnector` over KV tensors on CPU, and an offloading spec whose
+`get_worker` is replaced by `MemcpyWorker`, a CPU memcpy `OffloadingWorker` over the
+spec's shared CPU region (vLLM's own worker needs CUDA). `Engine.step()` runs the
+sequence of one engine step (schedule, bind metadata, loads, "forward", save, finished,
+`update_from_output`); the "forward" fills each page a step completes with bytes derived
+from the tokens it covers (`page_bytes`: random-looking, never zeros), and every page a
+load writes is checked against those bytes the step it lands (`Engine.pages_checked`).
+
+Any spec works: `cpu_worker_spec(base, name)` makes (once) a subclass of `base` with
+the memcpy worker and publishes it here, so a kv_transfer_config names it with
+`spec_name=name, spec_module_path=SPEC_MODULE`. A spec whose CPU region is not the
+`SharedOffloadRegion` of `CPUOffloadingSpec` passes its own `cpu_views`.
+
+Everything runs on the calling thread; vLLM's tiering manager may run its tier-poll
+thread, which `Engine.close()` stops through the connector's shutdown.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingConnectorMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+    OffloadingConnector,
+)
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    SlidingWindowSpec,
+)
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+SPEC_MODULE = __name__
+BLOCK = 16  # tokens per GPU block, the hash block size too
+KV_HEADS = 2
+HEAD_SIZE = 16
+LAYERS = 2  # layers per KV-cache group
+SLIDING_WINDOW = 48  # tokens, for the second group of a hybrid layout
+DTYPE = torch.float16
+# Bytes of one layer's page: K and V, BLOCK tokens, KV_HEADS x HEAD_SIZE halves.
+PAGE = 2 * BLOCK * KV_HEADS * HEAD_SIZE * 2
+VOCAB = 1000
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": KV_HEADS * 2 * HEAD_SIZE,
+    "intermediate_size": 128,
+    "num_attention_heads": KV_HEADS * 2,
+    "num_key_value_heads": KV_HEADS,
+    "head_dim": HEAD_SIZE,
+    "num_hidden_layers": LAYERS,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float16",
+}
+
+
+def write_tiny_llama(directory: Path) -> Path:
+    """A model directory vLLM's `ModelConfig` accepts: a llama config.json, no weights."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return directory
+
+
+# --- the layout ----------------------------------------------------------------------
+
+
+def layer_name(group: int, layer: int) -> str:
+    return f"model.layers.{group * LAYERS + layer}.self_attn.attn"
+
+
+def kv_cache_config(num_blocks: int, groups: int = 1) -> KVCacheConfig:
+    """A hand-built `KVCacheConfig` of `groups` (1 or 2) groups of LAYERS layers.
+
+    Two groups are a hybrid model: full attention and a sliding window of
+    SLIDING_WINDOW tokens, overlaying the same allocation the way vLLM lays hybrid
+    groups out (a block id belongs to one group at a time).
+    """
+    if groups not in (1, 2):
+        raise ValueError(f"groups must be 1 or 2, not {groups}")
+    full = FullAttentionSpec(
+        block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE, dtype=DTYPE
+    )
+    specs: list[Any] = [full]
+    if groups == 2:
+        specs.append(
+            SlidingWindowSpec(
+                block_size=BLOCK,
+                num_kv_heads=KV_HEADS,
+                head_size=HEAD_SIZE,
+                dtype=DTYPE,
+                sliding_window=SLIDING_WINDOW,
+            )
+        )
+    size = num_blocks * PAGE * LAYERS
+    tensors = [
+        KVCacheTensor(
+            size=size,
+            layers=[layer_name(g, i) for i in range(LAYERS)],
+            layer_stride=PAGE * num_blocks,
+            block_stride=PAGE,
+        )
+        for g in range(groups)
+    ]
+    group_specs = [
+        KVCacheGroupSpec([layer_name(g, i) for i in range(LAYERS)], spec)
+        for g, spec in enumerate(specs)
+    ]
+    return KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=group_specs
+    )
+
+
+def worker_kv_caches(
+    num_blocks: int, groups: int
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The "GPU" KV cache on CPU: one (num_blocks, PAGE) int8 tensor per layer index,
+    shared by that layer of every group (hybrid groups overlay one allocation)."""
+    tensors = [torch.zeros(num_blocks, PAGE, dtype=torch.int8) for _ in range(LAYERS)]
+    caches = {layer_name(g, i): tensors[i] for g in range(groups) for i in range(LAYERS)}
+    return tensors, caches
+
+
+def page_bytes(tokens: Sequence[int], end: int, group: int, layer: int) -> np.ndarray:
+    """The bytes the "model" writes for the page of `layer` (of `group`) ending at token
+    `end`: a function of every token before `end` (a KV page depends on its prefix),
+    random-looking, never zeros."""
+    digest = hashlib.blake2b(
+        np.asarray(tokens[:end], dtype=np.int64).tobytes(),
+        digest_size=16,
+        person=f"g{group}l{layer}".encode(),
+    ).digest()
+    rng = np.random.default_rng(int.from_bytes(digest, "little"))
+    data = rng.integers(1, 256, size=PAGE, dtype=np.uint8)  # no zero byte at all
+    return data.view(np.int8)
+
+
+# --- the CPU worker ------------------------------------------------------------------
+
+
+class MemcpyWorker(OffloadingWorker):
+    """vLLM's `OffloadingWorker` on CPU: copies each job when it is submitted, reports
+    it finished at the next `get_finished`.
+
+    `cpu_views[t]` is the CPU side of canonical tensor t: (num_chunks, page * bpc) int8.
+    Block j of group g in a `GPULoadStoreSpec` is logical block `block_indices[g] + j`
+    of its request; a group's chunks follow the previous group's in the CPU spec, the
+    first one possibly entered part way (the logical index modulo blocks_per_chunk).
+    `loaded` records (gpu block id, group) of every page a load wrote, for the checks.
+    """
+
+    def __init__(
+        self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, cpu_views: Sequence[torch.Tensor]
+    ) -> None:
+        self.gpu = [
+            t.tensor.view(torch.int8).view(-1, t.page_size_bytes) for t in kv_caches.tensors
+        ]
+        self.cpu = list(cpu_views)
+        if len(self.cpu) != len(self.gpu):
+            raise ValueError(f"{len(self.cpu)} CPU views for {len(self.gpu)} KV tensors")
+        self.refs = kv_caches.group_data_refs
+        self.bpc = blocks_per_chunk
+        self._done: list[TransferResult] = []
+        self.loaded: list[tuple[int, int]] = []
+        self.stored_pages = 0
+
+    def _pairs(
+        self, gpu: GPULoadStoreSpec, cpu: LoadStoreSpec
+    ) -> Iterator[tuple[int, int, int, int]]:
+        """(group, gpu block, cpu chunk, block within the chunk) of every page."""
+        assert isinstance(cpu, CPULoadStoreSpec)
+        chunks = [int(c) for c in cpu.block_ids]
+        blocks = [int(b) for b in gpu.block_ids]
+        chunk_at = block_at = 0
+        for g, (size, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices, strict=True)):
+            if size == 0:
+                continue
+            skip = first % self.bpc
+            for j in range(size):
+                yield (
+                    g,
+                    blocks[block_at + j],
+                    chunks[chunk_at + (skip + j) // self.bpc],
+                    (skip + j) % self.bpc,
+                )
+            block_at += size
+            chunk_at += (skip + size + self.bpc - 1) // self.bpc
+        assert block_at == len(blocks) and chunk_at == len(chunks), (block_at, chunk_at, gpu, cpu)
+
+    def _copy(self, gpu: GPULoadStoreSpec, cpu: LoadStoreSpec, to_cpu: bool) -> int:
+        copied = 0
+        for g, block, chunk, sub in self._pairs(gpu, cpu):
+            for ref in self.refs[g]:
+                t = ref.tensor_idx
+                page = self.gpu[t].shape[1]
+                lo = sub * page
+                if to_cpu:
+                    self.cpu[t][chunk, lo : lo + page] = self.gpu[t][block]
+                else:
+                    self.gpu[t][block] = self.cpu[t][chunk, lo : lo + page]
+                copied += page
+            if not to_cpu:
+                self.loaded.append((block, g))
+            else:
+                self.stored_pages += 1
+        return copied
+
+    def submit_store(
+        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
+    ) -> bool:
+        start = time.perf_counter()
+        size = self._copy(src_spec, dst_spec, to_cpu=True)
+        self._done.append(TransferResult(job_id, True, size, time.perf_counter() - start))
+        return True
+
+    def submit_load(
+        self,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: GPULoadStoreSpec,
+        expedited: bool = False,
+    ) -> bool:
+        start = time.perf_counter()
+        size = self._copy(dst_spec, src_spec, to_cpu=False)
+        self._done.append(TransferResult(job_id, True, size, time.perf_counter() - start))
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        done, self._done = self._done, []
+        return done
+
+    def wait(self, job_ids: set[int]) -> None:
+        return  # every job is complete once submitted
+
+    def shutdown(self) -> None:
+        # Drop the views of the shared region, so that its mmap can be closed.
+        self.cpu.clear()
+        self.gpu.clear()
+
+
+CpuViews = Callable[[Any, CanonicalKVCaches], list[torch.Tensor]]
+
+
+def shared_region_views(spec: Any, kv_caches: CanonicalKVCaches) -> list[torch.Tensor]:
+    """The worker's views of a `CPUOffloadingSpec`'s shared region (rank 0), one per
+    canonical tensor, as vLLM's own worker carves them. The region is kept on the spec
+    (`_harness_region`) and released by `Engine.close()`."""
+    region = SharedOffloadRegion(
+        engine_id=spec.config.engine_id,
+        num_chunks=spec.num_chunks,
+        rank=spec.config.parallel.rank,
+        kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
+        cpu_page_size=spec.cpu_page_size_per_worker,
+    )
+    spec._harness_region = region
+    return [
+        region.create_next_worker_view(t.page_size_bytes * spec.blocks_per_chunk)
+        for t in kv_caches.tensors
+    ]
+
+
+_SPECS: dict[str, type[Any]] = {}
+
+
+def cpu_worker_spec(
+    base: type[OffloadingSpec], name: str, cpu_views: CpuViews = shared_region_views
+) -> type[Any]:
+    """A subclass `name` of spec `base` whose worker is a `MemcpyWorker`, importable as
+    `SPEC_MODULE.<name>` (a kv_transfer_config's spec_name / spec_module_path)."""
+    if name in _SPECS:
+        if not issubclass(_SPECS[name], base):
+            raise ValueError(f"spec {name} already made from {_SPECS[name].__mro__[1]}")
+        return _SPECS[name]
+
+    def get_worker(self: Any, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if getattr(self, "_harness_worker", None) is None:
+            self._harness_worker = MemcpyWorker(
+                kv_caches, self.blocks_per_chunk, cpu_views(self, kv_caches)
+            )
+        worker: OffloadingWorker = self._harness_worker
+        return worker
+
+    cls = type(name, (base,), {"get_worker": get_worker, "__module__": SPEC_MODULE})
+    _SPECS[name] = cls
+    setattr(sys.modules[SPEC_MODULE], name, cls)
+    return cls
+
+
+# --- the engine ----------------------------------------------------------------------
+
+
+def new_engine_id() -> str:
+    return f"kvt{uuid.uuid4().hex[:12]}"
+
+
+def remove_shm(engine_id: str) -> None:
+    for path in glob.glob(f"/dev/shm/vllm_offload_{engine_id}*"):
+        os.unlink(path)
+
+
+def vllm_config(
+    model_dir: Path,
+    extra_config: Mapping[str, Any],
+    engine_id: str,
+    num_blocks: int,
+    *,
+    enable_events: bool = False,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 512,
+) -> VllmConfig:
+    """A `VllmConfig` for the tiny model on CPU with vLLM's OffloadingConnector."""
+    from vllm.config import KVEventsConfig
+
+    model = ModelConfig(
+        model=str(model_dir), skip_tokenizer_init=True, dtype="float16", max_model_len=4096
+    )
+    vc = VllmConfig(
+        model_config=model,
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=4096,
+            is_encoder_decoder=False,
+        ),
+        device_config=DeviceConfig("cpu"),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            engine_id=engine_id,
+            kv_connector_extra_config=dict(extra_config),
+        ),
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=enable_events, publisher="null")
+        if enable_events
+        else None,
+    )
+    vc.cache_config.num_gpu_blocks = num_blocks
+    return vc
+
+
+@dataclass
+class StepResult:
+    output: SchedulerOutput
+    finished: set[str] = field(default_factory=set)  # requests finished this step
+    loaded_pages: int = 0  # pages loads wrote this step (every one checked)
+
+
+class Engine:
+    """A scheduler and one worker of vLLM, in this process, on CPU.
+
+    `extra_config` is the connector's kv_connector_extra_config; it must name a spec
+    made by `cpu_worker_spec` (the memcpy worker). Requests get token ids, generate
+    `max_tokens` tokens (derived from their length: deterministic), and are checked:
+    every page a load writes must hold `page_bytes` of its tokens.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        extra_config: Mapping[str, Any],
+        *,
+        engine_id: str | None = None,
+        num_blocks: int = 64,
+        groups: int = 1,
+        enable_events: bool = False,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 512,
+    ) -> None:
+        self.engine_id = engine_id or new_engine_id()
+        self.groups = groups
+        self.num_blocks = num_blocks
+        self.config = vllm_config(
+            model_dir,
+            extra_config,
+            self.engine_id,
+            num_blocks,
+            enable_events=enable_events,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+        )
+        self.kv_cache_config = kv_cache_config(num_blocks, groups)
+        init_none_hash(sha256)
+        self._hasher = get_request_block_hasher(BLOCK, sha256)
+        self.pages_checked = 0
+        self.pages_written = 0
+        self.steps = 0
+        self._closed = False
+        with set_current_vllm_config(self.config):
+            self.scheduler = Scheduler(
+                vllm_config=self.config,
+                kv_cache_config=self.kv_cache_config,
+                structured_output_manager=StructuredOutputManager(self.config),
+                block_size=BLOCK,
+                log_stats=True,
+            )
+            self.worker_connector = OffloadingConnector(
+                self.config, KVConnectorRole.WORKER, self.kv_cache_config
+            )
+            self.gpu, caches = worker_kv_caches(num_blocks, groups)
+            self.worker_connector.register_kv_caches(caches)
+
+    # -- accessors --
+
+    @property
+    def connector(self) -> OffloadingConnector:
+        """The scheduler-role connector the scheduler built."""
+        connector = self.scheduler.connector
+        assert isinstance(connector, OffloadingConnector)
+        return connector
+
+    @property
+    def spec(self) -> Any:
+        return self.connector.scheduler.spec if hasattr(self.connector.scheduler, "spec") else None
+
+    @property
+    def manager(self) -> Any:
+        """The spec's scheduler-side OffloadingManager."""
+        return self.connector.scheduler.manager
+
+    @property
+    def worker(self) -> MemcpyWorker:
+        connector_worker = self.worker_connector.connector_worker
+        assert connector_worker is not None
+        worker = connector_worker.worker
+        assert isinstance(worker, MemcpyWorker)
+        return worker
+
+    # -- requests --
+
+    def add(self, request_id: str, tokens: Sequence[int], max_tokens: int = 1) -> Request:
+        request = Request(
+            request_id,
+            list(tokens),
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            pooling_params=None,
+            block_hasher=self._hasher,
+        )
+        self.scheduler.add_request(request)
+        return request
+
+    # -- one engine step --
+
+    def step(self) -> StepResult:
+        """One engine step: schedule, the worker's part, then update_from_output."""
+        with set_current_vllm_config(self.config):
+            so = self.scheduler.schedule()
+            md = so.kv_connector_metadata
+            assert isinstance(md, OffloadingConnectorMetadata)
+            wc = self.worker_connector
+            wc.handle_preemptions(md)
+            wc.bind_connector_metadata(md)
+            loaded_before = len(self.worker.loaded)
+            wc.start_load_kv(None)
+            loaded = self._check_loads(md, loaded_before)
+            self._forward(so)
+            wc.wait_for_save()
+            finished_sending, finished_recving = wc.get_finished(set(so.finished_req_ids))
+            worker_meta = wc.build_connector_worker_meta()
+            wc.clear_connector_metadata()
+            req_ids = list(so.num_scheduled_tokens)
+            sampled = [self._sample(r, so.num_scheduled_tokens[r]) for r in req_ids]
+            out = ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=sampled,
+                kv_connector_output=KVConnectorOutput(
+                    finished_sending=finished_sending or None,
+                    finished_recving=finished_recving or None,
+                    kv_connector_worker_meta=worker_meta,
+                ),
+            )
+            before = set(self.scheduler.requests)
+            self.scheduler.update_from_output(so, out)
+            self.steps += 1
+        done = {r for r in before if r not in self.scheduler.requests}
+        return StepResult(so, done, loaded)
+
+    def run(self, max_steps: int = 200, settle: bool = True) -> list[StepResult]:
+        """Step until no request is left, then (`settle`) until the offloading is idle."""
+        results: list[StepResult] = []
+        while self.scheduler.requests:
+            if len(results) == max_steps:
+                raise AssertionError(
+                    f"requests left after {max_steps} steps: {list(self.scheduler.requests)}"
+                )
+            results.append(self.step())
+            if not results[-1].output.num_scheduled_tokens:
+                time.sleep(0.002)  # waiting on a tier's thread (a lookup, a promotion)
+        if settle:
+            self.settle()
+        return results
+
+    def busy(self) -> bool:
+        return bool(self.connector.has_pending_push_work())
+
+    def settle(self, max_steps: int = 400, pause: float = 0.005) -> None:
+        """Step (without requests) until the connector and its tiers are idle: cascades
+        written, promotions finished. Tier I/O runs on threads, hence the pauses."""
+        for _ in range(max_steps):
+            if not self.busy():
+                return
+            self.step()
+            time.sleep(pause)
+        raise AssertionError("offloading still busy")
+
+    # -- the model --
+
+    def _sample(self, request_id: str, scheduled: int) -> list[int]:
+        request = self.scheduler.requests.get(request_id)
+        if request is None or request.num_computed_tokens < request.num_tokens:
+            return []  # a chunk of the prompt: nothing sampled yet
+        return [(request.num_tokens * 7919 + 17) % VOCAB]
+
+    def _blocks(self, request_id: str) -> tuple[list[int], ...]:
+        ids: tuple[list[int], ...] = self.scheduler.kv_cache_manager.get_block_ids(request_id)
+        return ids
+
+    def _forward(self, so: SchedulerOutput) -> None:
+        """Write each page this step completes (tokens it computed close the page)."""
+        for request_id, n in so.num_scheduled_tokens.items():
+            request = self.scheduler.requests[request_id]
+            after = request.num_computed_tokens
+            before = after - n
+            tokens = request.all_token_ids
+            for g, blocks in enumerate(self._blocks(request_id)):
+                for index in range(before // BLOCK, after // BLOCK):
+                    block = blocks[index]
+                    if block == 0:
+                        continue  # the null block: outside a sliding window
+                    for layer in range(LAYERS):
+                        self.gpu[layer][block] = torch.from_numpy(
+                            page_bytes(tokens, (index + 1) * BLOCK, g, layer)
+                        )
+                    self.pages_written += 1
+
+    def _check_loads(self, md: OffloadingConnectorMetadata, loaded_before: int) -> int:
+        """Check every page this step's loads wrote against the request's tokens."""
+        expected: dict[tuple[int, int], tuple[list[int], int]] = {}
+        for job in md.load_jobs.values():
+            spec = job.dst_spec
+            assert isinstance(spec, GPULoadStoreSpec)
+            tokens = self.scheduler.requests[job.req_id].all_token_ids
+            at = 0
+            for g, (size, first) in enumerate(
+                zip(spec.group_sizes, spec.block_indices, strict=True)
+            ):
+                for j in range(size):
+                    expected[(int(spec.block_ids[at + j]), g)] = (tokens, (first + j + 1) * BLOCK)
+                at += size
+        pages = self.worker.loaded[loaded_before:]
+        assert len(pages) == len(expected), (pages, expected)
+        for block, g in pages:
+            tokens, end = expected[(block, g)]
+            for layer in range(LAYERS):
+                want = page_bytes(tokens, end, g, layer)
+                got = self.gpu[layer][block].numpy()
+                assert np.array_equal(got, want), (
+                    f"page of block {block} (group {g}, layer {layer}, tokens < {end}) differs"
+                )
+            self.pages_checked += 1
+        return len(pages)
+
+    # -- the end --
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.worker_connector.shutdown()
+        finally:
+            try:
+                self.scheduler.shutdown()
+            finally:
+                region = getattr(self.worker_connector.connector_worker, "spec", None)
+                region = getattr(region, "_harness_region", None)
+                if region is not None:
+                    region.cleanup()
+                remove_shm(self.engine_id)
+
+
+def status(engine: Engine, request_id: str) -> RequestStatus | None:
+    request = engine.scheduler.requests.get(request_id)
+    return None if request is None else request.status
