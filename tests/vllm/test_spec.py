@@ -404,3 +404,109 @@ def test_wrong_configs_fail_with_a_clear_error(
     cfg.update(change)
     with pytest.raises(ValueError, match=message):
         h.Engine(model, cfg).close()
+
+
+# --------------------------------------------------------------------- kvtiers' worker
+
+
+def _canonical(gpu: list[Any], groups: list[list[int]]) -> Any:
+    from vllm.v1.kv_offload.base import (
+        CanonicalKVCacheRef,
+        CanonicalKVCaches,
+        CanonicalKVCacheTensor,
+    )
+
+    return CanonicalKVCaches(
+        [CanonicalKVCacheTensor(t, t.shape[1]) for t in gpu],
+        [[CanonicalKVCacheRef(i, gpu[i].shape[1]) for i in refs] for refs in groups],
+    )
+
+
+def _region(engine_id: str, chunks: int, row: int) -> Any:
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    return SharedOffloadRegion(engine_id, chunks, 0, row, row)
+
+
+def _finished(worker: Any, n: int) -> list[Any]:
+    done: list[Any] = []
+    for _ in range(2000):
+        done += worker.get_finished()
+        if len(done) >= n:
+            return done
+        time.sleep(0.001)
+    raise AssertionError(f"{len(done)} of {n} jobs finished")
+
+
+def test_kvtiers_worker_writes_vllms_chunk_layout_byte_for_byte() -> None:
+    import numpy as np
+    import torch
+    from kvtiers_vllm.worker import KvtiersSwapWorker
+    from vllm.v1.kv_offload.base import GPULoadStoreSpec
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+    blocks, chunks, row = 32, 16, h.PAGE * h.LAYERS
+    gen = torch.Generator().manual_seed(20)
+    gpu = [torch.randint(-128, 128, (blocks, h.PAGE), dtype=torch.int8, generator=gen)
+           for _ in range(h.LAYERS)]  # fmt: skip
+    caches = _canonical(gpu, [list(range(h.LAYERS))] * 2)  # two groups, one allocation
+    ids = [h.new_engine_id(), h.new_engine_id()]
+    ref_region, region = _region(ids[0], chunks, row), _region(ids[1], chunks, row)
+    ours = None
+    try:
+        views = [ref_region.create_next_worker_view(h.PAGE) for _ in range(h.LAYERS)]
+        reference = h.MemcpyWorker(caches, 1, views)  # vLLM's block -> chunk mapping
+        ours = KvtiersSwapWorker(caches, region, 1, rank=0, world_size=1)
+        src = GPULoadStoreSpec([3, 7, 9, 1, 2], group_sizes=[3, 2], block_indices=[0, 4])
+        dst = CPULoadStoreSpec([5, 0, 11, 2, 8])
+        for worker in (reference, ours):
+            assert worker.submit_store(1, src, dst)
+        [result] = _finished(ours, 1)
+        assert result.job_id == 1 and result.success and result.transfer_size == 5 * row
+        mine, theirs = region.base_tensor.numpy(), ref_region.base_tensor.numpy()
+        assert np.count_nonzero(theirs) > 0.9 * 5 * row
+        assert np.array_equal(mine, theirs)
+        # And back: the chunks land in other GPU blocks, byte for byte.
+        for t in gpu:
+            t.zero_()
+        back = GPULoadStoreSpec([10, 11, 12, 13, 14], group_sizes=[3, 2], block_indices=[0, 4])
+        assert ours.submit_load(2, dst, back)
+        _finished(ours, 1)
+        for i, t in enumerate(gpu):
+            for block, chunk in zip([10, 11, 12, 13, 14], [5, 0, 11, 2, 8], strict=True):
+                assert np.array_equal(t[block].numpy(), views[i][chunk].numpy())
+    finally:
+        if ours is not None:
+            ours.shutdown()
+        else:
+            region.cleanup()
+        ref_region.cleanup()
+        for engine_id in ids:
+            h.remove_shm(engine_id)
+
+
+@pytest.mark.parametrize(
+    ("groups", "pages", "per_chunk", "message"),
+    [
+        ([[0, 1]], [h.PAGE, h.PAGE], 2, "one GPU block per CPU chunk"),
+        ([[0, 1], [2, 3]], [h.PAGE] * 4, 1, "must be the first tensors"),
+        ([[1, 0]], [h.PAGE, h.PAGE], 1, "must be the first tensors"),
+        ([[0, 1]], [h.PAGE, h.PAGE // 2], 1, "equal, unpadded pages"),
+    ],
+)
+def test_kvtiers_worker_refuses_a_layout_it_cannot_reproduce(
+    groups: list[list[int]], pages: list[int], per_chunk: int, message: str
+) -> None:
+    import torch
+    from kvtiers_vllm.worker import KvtiersSwapWorker, LayoutRefused
+
+    gpu = [torch.ones(8, p, dtype=torch.int8) for p in pages]
+    engine_id = h.new_engine_id()
+    region = _region(engine_id, 4, -(-sum(pages) * per_chunk // 4096) * 4096)
+    try:
+        with pytest.raises(LayoutRefused, match=message) as info:
+            KvtiersSwapWorker(_canonical(gpu, groups), region, per_chunk)
+        assert '"kvtiers_worker": "vllm"' in str(info.value)
+    finally:
+        region.cleanup()
+        h.remove_shm(engine_id)
