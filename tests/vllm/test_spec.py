@@ -61,6 +61,7 @@ def extra(slots: int, root: Path | None = None, **more: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "spec_name": SPEC, "spec_module_path": h.SPEC_MODULE,
         "cpu_bytes_to_use": slots * CHUNK, "cascade_queue_blocks": 256,
+        "kvtiers_stats_interval_s": 0,  # every payload carries the tiers' counters
     }  # fmt: skip
     if root is not None:
         root.mkdir(exist_ok=True)

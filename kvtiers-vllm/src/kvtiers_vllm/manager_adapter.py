@@ -28,6 +28,7 @@ call costs O(1) per block.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, cast
 
@@ -88,6 +89,7 @@ class KvtiersManager(OffloadingManager):
         tier_types: dict[str, str],
         info: ConfigInfoMapping,
         shutdown_drain_s: float = 5.0,
+        stats_interval_s: float = 1.0,
         on_shutdown: Any = None,
     ):
         self._m = manager
@@ -96,6 +98,8 @@ class KvtiersManager(OffloadingManager):
         self._shutdown_drain_s = shutdown_drain_s
         self._on_shutdown = on_shutdown
         self._stats = StatsDelta()
+        self._stats_interval_s = stats_interval_s
+        self._next_tier_stats = 0.0
         # Bound once: these run per block.
         self._lookup = manager.lookup
         # Engine transfers in flight (vLLM forgets them at reset_cache: their
@@ -231,8 +235,14 @@ class KvtiersManager(OffloadingManager):
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         """What changed since the last call, under the names
-        `KvtiersOffloadingSpec.build_metric_definitions` declares."""
-        return self._stats.take(self._m.stats())
+        `KvtiersOffloadingSpec.build_metric_definitions` declares. vLLM asks every
+        step: the pool's counters come every time, the tiers' (their own stats take
+        locks and copy) at most every `stats_interval_s` (0: every time)."""
+        now = time.monotonic()
+        with_tiers = now >= self._next_tier_stats
+        if with_tiers:
+            self._next_tier_stats = now + self._stats_interval_s
+        return self._stats.take(self._m.stats(tiers=with_tiers))
 
     def config_info(self) -> Sequence[ConfigInfoMapping]:
         """One row for the CPU pool, one for each secondary tier (`tier`, `tier_type`)."""

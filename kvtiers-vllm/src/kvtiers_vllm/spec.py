@@ -66,7 +66,8 @@ SPEC_NAME = "KvtiersOffloadingSpec"
 WORKER_KEY = "kvtiers_worker"
 WORKERS = ("vllm", "kvtiers")
 SHUTDOWN_DRAIN_KEY = "kvtiers_shutdown_drain_s"
-_OWN_KEYS = frozenset({WORKER_KEY, SHUTDOWN_DRAIN_KEY})
+STATS_INTERVAL_KEY = "kvtiers_stats_interval_s"
+_OWN_KEYS = frozenset({WORKER_KEY, SHUTDOWN_DRAIN_KEY, STATS_INTERVAL_KEY})
 #: The config-info labels of the spec: vLLM's CPU tier facts, then which tier.
 INFO_KEYS = (*CPUOffloadingInfo.config_info_keys(), "tier", "tier_type")
 
@@ -97,6 +98,7 @@ class KvtiersOffloadingSpec(OffloadingSpec):
                 + ", ".join(repr(w) for w in WORKERS)
             )
         self.shutdown_drain_s = float(extra.get(SHUTDOWN_DRAIN_KEY, 5.0))
+        self.stats_interval_s = float(extra.get(STATS_INTERVAL_KEY, 1.0))
         # One row of vLLM's shared region per chunk: every worker's part in rank
         # order (one part when the layout is replicated), rounded up to a page.
         self.replicated_layout = bool(config.replicated_layout)
@@ -184,6 +186,7 @@ class KvtiersOffloadingSpec(OffloadingSpec):
             tier_types={n: s.type for n, s in zip(names, cfg.secondary_tiers, strict=True)},
             info=info,
             shutdown_drain_s=self.shutdown_drain_s,
+            stats_interval_s=self.stats_interval_s,
             on_shutdown=_releaser(pool, region),
         )
 

@@ -98,8 +98,11 @@ class StatsDelta:
     def take(self, stats: Mapping[str, Any]) -> OffloadingConnectorStats:
         out = OffloadingConnectorStats()
         pool = stats["pool"]
+        last = self._last
         for name in POOL_COUNTERS:
-            self._count(out, PREFIX + name, (), pool.get(name, 0))
+            value = pool.get(name, 0)
+            if last.get((PREFIX + name, ())) != value:  # most steps change few
+                self._count(out, PREFIX + name, (), value)
         slots = pool.get("num_slots", 0) or 1
         out.set_gauge(PREFIX + "pool_usage_perc", pool.get("resident", 0) / slots)
         out.set_gauge(PREFIX + "pool_pinned_perc", pool.get("pinned", 0) / slots)
