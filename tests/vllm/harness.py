@@ -433,6 +433,9 @@ class Engine:
         self.pages_checked = 0
         self.pages_written = 0
         self.steps = 0
+        self.preempted: set[str] = set()  # requests the scheduler preempted, ever
+        self.events: list[Any] = []  # the KV events vLLM published (BlockStored, ...)
+        self.stats: list[dict[str, Any]] = []  # connector stats payloads, one a step
         self._closed = False
         with set_current_vllm_config(self.config):
             self.scheduler = Scheduler(
@@ -442,6 +445,7 @@ class Engine:
                 block_size=BLOCK,
                 log_stats=True,
             )
+            self.scheduler.kv_event_publisher = RecordingPublisher(self.events)
             self.worker_connector = OffloadingConnector(
                 self.config, KVConnectorRole.WORKER, self.kv_cache_config
             )
@@ -519,8 +523,13 @@ class Engine:
                 ),
             )
             before = set(self.scheduler.requests)
-            self.scheduler.update_from_output(so, out)
+            outputs = self.scheduler.update_from_output(so, out)
             self.steps += 1
+        self.preempted |= set(so.preempted_req_ids or ())
+        for eco in outputs.values():
+            sched_stats = getattr(eco, "scheduler_stats", None)
+            if sched_stats is not None and sched_stats.kv_connector_stats:
+                self.stats.append(sched_stats.kv_connector_stats)
         done = {r for r in before if r not in self.scheduler.requests}
         return StepResult(so, done, loaded)
 
@@ -626,6 +635,22 @@ class Engine:
                 if region is not None:
                     region.cleanup()
                 remove_shm(self.engine_id)
+
+
+class RecordingPublisher:
+    """Stands in for vLLM's KV event publisher: keeps every event it is given."""
+
+    def __init__(self, sink: list[Any]) -> None:
+        self.sink = sink
+
+    def publish(self, batch: Any) -> None:
+        self.sink.extend(batch.events)
+
+    def shutdown(self) -> None:
+        return
+
+    def get_publisher_config(self) -> None:
+        return None
 
 
 def status(engine: Engine, request_id: str) -> RequestStatus | None:

@@ -1,0 +1,135 @@
+"""The options of a `{"type": "kvtiers", ...}` entry of vLLM's `secondary_tiers`.
+
+    {"type": "kvtiers",                      # or "KvtiersTier" + "module_path"
+     "tier": {"type": "fs", ...},            # a kvtiers tier section (required)
+     "medium": "STORAGE",                    # vLLM's medium for events / hit source
+     "locality": "LOCAL",                    # vLLM's locality (also its backpressure)
+     "enable_kv_events": true,               # when vLLM's KV events are on
+     "backpressure": {...}}                  # vLLM's, handled by vLLM's factory
+
+Every problem is a `kvtiers.ConfigError` (also a ValueError, what vLLM's factories
+raise) whose paths start at vLLM's config: `kv_connector_extra_config.secondary_tiers
+[1].tier.root_dir`. The entry's index is found by identity in the spec's config
+(vLLM's factory passes a shallow copy, so the `tier` mapping is the very object).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvtiers import ConfigError
+from kvtiers.config import TierSection
+from kvtiers.errors import ConfigProblem, UnknownNameError
+
+EXTRA = "kv_connector_extra_config"
+MEDIA = ("STORAGE", "CPU")
+LOCALITIES = ("LOCAL", "REMOTE")
+
+
+class TierConfigError(ConfigError, ValueError):
+    """A wrong `kvtiers` secondary-tier entry; one line per problem, each with its path."""
+
+
+@dataclass(frozen=True)
+class TierOptions:
+    section: TierSection  # the kvtiers tier, its path that of the entry's "tier"
+    path: str  # the entry's path in vLLM's config
+    index: int | None  # the entry's index in secondary_tiers (None: not found)
+    medium: str
+    locality: str | None
+    enable_kv_events: bool
+
+
+def entry_index(spec: Any, tier: object) -> int | None:
+    """Index of the secondary_tiers entry whose "tier" is `tier` (by identity)."""
+    entries = getattr(spec, "extra_config", {}).get("secondary_tiers", [])
+    if isinstance(entries, list):
+        for i, entry in enumerate(entries):
+            if isinstance(entry, Mapping) and entry.get("tier") is tier:
+                return i
+    return None
+
+
+def _choice(value: object, allowed: tuple[str, ...], path: str) -> ConfigProblem | None:
+    if isinstance(value, str) and value.upper() in allowed:
+        return None
+    return ConfigProblem(path, f"kvtiers tier: expected one of {', '.join(allowed)}, got {value!r}")
+
+
+def read_options(
+    spec: Any,
+    tier: object,
+    medium: object = "STORAGE",
+    locality: object = None,
+    enable_kv_events: object = True,
+) -> TierOptions:
+    """Check an entry's options; raise `TierConfigError` listing every problem."""
+    index = entry_index(spec, tier)
+    path = f"{EXTRA}.secondary_tiers[{'?' if index is None else index}]"
+    problems: list[ConfigProblem] = []
+    if tier is None:
+        problems.append(ConfigProblem(
+            f"{path}.tier",
+            'kvtiers tier: missing "tier", the kvtiers tier section to run under vLLM '
+            '(for example {"type": "fs", "root_dir": "/mnt/nvme0/kv", '
+            '"capacity_bytes": 1000000000000})'))
+    elif not isinstance(tier, Mapping):
+        problems.append(ConfigProblem(
+            f"{path}.tier", f"kvtiers tier: expected an object (a kvtiers tier section), "
+            f"got {type(tier).__name__} {tier!r:.100}"))
+    elif not isinstance(tier.get("type"), str) or not tier.get("type"):
+        problems.append(ConfigProblem(
+            f"{path}.tier.type", f"kvtiers tier: the tier section needs a \"type\" (a kvtiers "
+            f"tier name, see `kvtiers plugins`), got {tier.get('type')!r}"))
+    if (p := _choice(medium, MEDIA, f"{path}.medium")) is not None:
+        problems.append(p)
+    if locality is not None and (p := _choice(locality, LOCALITIES, f"{path}.locality")):
+        problems.append(p)
+    if not isinstance(enable_kv_events, bool):
+        problems.append(ConfigProblem(
+            f"{path}.enable_kv_events", f"kvtiers tier: expected true or false, got "
+            f"{enable_kv_events!r}"))
+    if problems:
+        raise TierConfigError(problems)
+    assert isinstance(tier, Mapping)
+    section = TierSection(
+        tier["type"], {k: v for k, v in tier.items() if k != "type"}, f"{path}.tier")
+    return TierOptions(
+        section=section,
+        path=path,
+        index=index,
+        medium=str(medium).upper(),
+        locality=None if locality is None else str(locality).upper(),
+        enable_kv_events=bool(enable_kv_events),
+    )
+
+
+def _rebase(path: str, prefix: str) -> str:
+    """A tier's own path ("$", "$.root_dir", "$[0]") under `prefix`."""
+    if path.startswith(prefix):
+        return path
+    if path == "$":
+        return prefix
+    if path.startswith("$"):
+        return prefix + path[1:]
+    return f"{prefix}.{path}"
+
+
+@contextlib.contextmanager
+def under(prefix: str) -> Iterator[None]:
+    """Re-raise the kvtiers config errors of building a tier with paths under `prefix`
+    (a tier checks its options with paths from its own section: "$.root_dir")."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise TierConfigError([
+            ConfigProblem(_rebase(p.path, prefix), p.message) for p in exc.problems
+        ]) from exc
+    except UnknownNameError as exc:
+        message = str(exc)
+        raise TierConfigError([
+            ConfigProblem(prefix + ".type", message.removeprefix(prefix + ": "))
+        ]) from exc
