@@ -29,8 +29,6 @@ config: `build_metric_definitions` and `config_info_keys`. They look no tier up
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -43,7 +41,7 @@ from kvtiers.config import load_config  # noqa: E402
 from kvtiers.config.model import KvtiersConfig  # noqa: E402
 from kvtiers.errors import ConfigError  # noqa: E402
 from kvtiers.manager.build import build_manager, num_slots_for, tier_names  # noqa: E402
-from kvtiers.namespace import BlockGeometry, Namespace  # noqa: E402
+from kvtiers.namespace import Namespace  # noqa: E402
 from kvtiers.pool_view import PoolView  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCaches,
@@ -56,6 +54,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig  # noqa: E402
 from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo  # noqa: E402
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion  # noqa: E402
 
+from kvtiers_vllm import identity  # noqa: E402
 from kvtiers_vllm.manager_adapter import KvtiersManager  # noqa: E402
 from kvtiers_vllm.spec_metrics import metric_definitions  # noqa: E402
 
@@ -163,7 +162,7 @@ class KvtiersOffloadingSpec(OffloadingSpec):
             pool = PoolView(region.mmap_obj, self.chunk_bytes, self.kv_bytes_per_chunk)
         try:
             manager = build_manager(
-                cfg, pool, namespace_for(self.config) if pool is not None else None,
+                cfg, pool, self.namespace() if pool is not None else None,
                 block_bytes=self.chunk_bytes,
                 enable_events=cfg.enable_kv_events or self.kv_events_config.enable_kv_cache_events,
             )  # fmt: skip
@@ -189,6 +188,11 @@ class KvtiersOffloadingSpec(OffloadingSpec):
             stats_interval_s=self.stats_interval_s,
             on_shutdown=_releaser(pool, region),
         )
+
+    def namespace(self) -> Namespace:
+        """kvtiers' namespace of vLLM's run identity, the one `KvtiersTier` (level 1)
+        gives the same run: the two levels share what they store."""
+        return identity.namespace_for(self, identity.payload_bytes(self, self.kv_bytes_per_chunk))
 
     # ---------------------------------------------------------------- worker
 
@@ -264,44 +268,4 @@ def _cpu_bytes(extra: Mapping[str, Any]) -> int:
     return int(value)
 
 
-def namespace_for(config: OffloadingConfig) -> Namespace:
-    """The kvtiers namespace of vLLM's run: the model, and a revision fingerprinting
-    what vLLM's own `FileMapper` keys its fs tier on (tokens per hash, the
-    parallelism, the dtype, the KV groups) plus the bytes of a block, so that
-    blocks of two runs mix only when vLLM's would."""
-    par = config.parallel
-    fields = {
-        "model_name": config.model.name,
-        "dtype": str(config.model.dtype),
-        "tokens_per_hash": config.cache.tokens_per_hash,
-        "blocks_per_chunk": config.cache.blocks_per_chunk,
-        "tp_size": par.tp_size, "pp_size": par.pp_size,
-        "pcp_size": par.pcp_size, "dcp_size": par.dcp_size,
-        "world_size": par.world_size,
-        "replicated_layout": bool(config.replicated_layout),
-        "worker_kv_bytes_per_block": config.worker_kv_bytes_per_block,
-        "kv_cache_layout": config.kv_cache_layout,
-        "kv_cache_groups": [
-            {"tokens_per_block": g.tokens_per_block, "layer_names": list(g.layer_names)}
-            for g in config.groups
-        ],
-        "inference_engine": "vllm",
-    }  # fmt: skip
-    blob = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
-    # The geometry is nominal (vLLM does not tell the scheduler heads and head
-    # sizes); the revision carries the run's identity.
-    groups = tuple(
-        BlockGeometry(
-            layers=max(1, len(g.layer_names)), kv_heads=1, head_size=1, dtype="uint8",
-            tokens_per_block=g.tokens_per_block * config.cache.blocks_per_chunk,
-            tp_size=max(1, par.tp_size),
-        )  # fmt: skip
-        for g in config.groups
-    ) or (BlockGeometry(1, 1, 1, "uint8", 1),)
-    return Namespace(
-        model=config.model.name or "unknown", groups=groups,
-        revision="vllm-" + hashlib.sha256(blob).hexdigest()[:16],
-    )  # fmt: skip
-
-
-__all__ = ["SPEC_NAME", "KvtiersOffloadingSpec", "namespace_for"]
+__all__ = ["SPEC_NAME", "KvtiersOffloadingSpec"]
