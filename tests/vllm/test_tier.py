@@ -4,7 +4,10 @@ and OffloadingConnector on CPU (tests/vllm/harness.py).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.metadata as md
+import logging
 import random
 import time
 from pathlib import Path
@@ -14,9 +17,18 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvtiers_vllm import compat  # noqa: E402
+from kvtiers import key_group  # noqa: E402
+from kvtiers.keys import key_hash  # noqa: E402
+from kvtiers_vllm import compat, tier_metrics  # noqa: E402
 from kvtiers_vllm.plugin import SPEC_NAME, TIER_TYPE, register  # noqa: E402
 from kvtiers_vllm.tier import KvtiersTier  # noqa: E402
+from kvtiers_vllm.tier_config import TierConfigError  # noqa: E402
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: E402
+from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # noqa: E402
+    OffloadingConnector,
+)
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, make_offload_key  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
@@ -152,6 +164,236 @@ def test_retry_then_hit_pending_then_load_from_a_shared_store(
     assert (RequestStatus.WAITING_FOR_REMOTE_KVS, blocks) in statuses
 
 
+def test_two_kv_cache_groups_by_module_path(make_engine: MakeEngine, tmp_path: Path) -> None:
+    """A hybrid model (full attention + a sliding window), the tier named by class and
+    module path (no entry point needed): keys of both groups go to fs and come back,
+    byte-identical, after a cache reset emptied the GPU prefix cache and vLLM's CPU
+    tier."""
+    entry = kvtiers_entry(tmp_path / "fs", type="KvtiersTier", module_path="kvtiers_vllm.tier")
+    engine = make_engine(extra_config([entry]), num_blocks=32, groups=2)
+    tier = kvtiers_tier(engine)
+    tokens = prompt(random.Random(3))
+    first = engine.add("first", tokens, max_tokens=2)
+    engine.run()
+    held = set().union(*(ns.keys() for ns in tier.tier.inventory().namespaces))
+    full = len(tokens) // harness.BLOCK
+    assert {make_offload_key(h, 0) for h in first.block_hashes[:full]} <= held
+    window = {k for k in held if key_group(k) == 1}
+    assert window and window <= {make_offload_key(h, 1) for h in first.block_hashes[:full]}
+    assert len(held) == full + len(window)
+    assert engine.scheduler.reset_prefix_cache(reset_connector=True)
+    engine.settle()
+    engine.add("again", tokens, max_tokens=1)
+    loaded = sum(r.loaded_pages for r in engine.run())
+    assert loaded == len(held) and engine.pages_checked == loaded
+    assert tier.tier.stats().blocks_read == len(held)
+
+
+def test_reset_cache_drains_the_tier_and_keeps_its_blocks(
+    make_engine: MakeEngine, tmp_path: Path
+) -> None:
+    """vLLM's reset_cache (sleep, weight update) with stores to the kvtiers tier still
+    in flight: it waits for them (drain_jobs), the tier keeps what it stored, and a
+    later request loads it back through a fresh CPU tier, byte-identical."""
+    engine = make_engine(extra_config([kvtiers_entry(tmp_path / "fs")]), num_blocks=16)
+    tier = kvtiers_tier(engine)
+    drains: list[int] = []  # jobs in flight at each drain_jobs call
+    drain = tier.drain_jobs
+
+    def counting_drain() -> None:
+        drains.append(tier.jobs_in_flight)
+        drain()
+
+    tier.drain_jobs = counting_drain  # type: ignore[method-assign]
+    tokens = prompt(random.Random(9))
+    engine.add("first", tokens, max_tokens=1)
+    engine.run(settle=False)
+    for _ in range(20):  # until the cascade to the tier is submitted
+        if tier.jobs_in_flight:
+            break
+        engine.step()
+    assert engine.scheduler.reset_prefix_cache(reset_connector=True)
+    assert drains and drains[0] > 0 and tier.jobs_in_flight == 0
+    engine.settle()
+    blocks = len(tokens) // harness.BLOCK
+    assert tier.tier.stats().blocks_written == blocks
+    engine.add("again", tokens, max_tokens=1)
+    assert sum(r.loaded_pages for r in engine.run()) == blocks
+    assert tier.tier.stats().blocks_read == blocks and engine.pages_checked == blocks
+
+
+def test_preemption(make_engine: MakeEngine, tmp_path: Path) -> None:
+    """Requests preempted for lack of GPU blocks (10 blocks, three growing requests)
+    resume and finish; the blocks they load back (decode blocks offloaded too) are
+    byte-identical."""
+    extra = extra_config([kvtiers_entry(tmp_path / "fs")])
+    extra["offload_prompt_only"] = False
+    engine = make_engine(extra, num_blocks=10)
+    rnd = random.Random(21)
+    for i in range(3):
+        engine.add(f"r{i}", prompt(rnd, 64), max_tokens=48)
+    engine.run(max_steps=400)
+    assert len(engine.preempted) >= 2
+    assert engine.pages_checked > 0
+    assert kvtiers_tier(engine).tier.stats().blocks_written > 0
+
+
+def test_events_include_removals(make_engine: MakeEngine, tmp_path: Path) -> None:
+    """With vLLM's KV events on, the tier reports blocks stored and blocks removed
+    (its fs store is bounded: it evicts), under its own ownership; a router replaying
+    the events ends with exactly what the tier holds."""
+    cap_blocks = 4
+    entry = kvtiers_entry(tmp_path / "fs", capacity=cap_blocks * harness_file_bytes())
+    engine = make_engine(extra_config([entry]), num_blocks=16, enable_events=True)
+    tier = kvtiers_tier(engine)
+    rnd = random.Random(4)
+    for i in range(3):
+        engine.add(f"r{i}", prompt(rnd), max_tokens=1)
+        engine.run()
+    mine = [e for e in engine.events if getattr(e, "ownership", None) == tier.ownership]
+    stored = [e for e in mine if isinstance(e, BlockStored)]
+    removed = [e for e in mine if isinstance(e, BlockRemoved)]
+    assert stored and removed
+    view: set[tuple[int, Any]] = set()
+    for event in mine:
+        pairs = {(event.group_idx, h) for h in event.block_hashes}
+        view = view | pairs if isinstance(event, BlockStored) else view - pairs
+    held = set().union(*(ns.keys() for ns in tier.tier.inventory().namespaces))
+    assert 0 < len(held) <= cap_blocks
+    assert view == {(key_group(k), maybe_convert_block_hash(key_hash(k))) for k in held}
+    assert {e.medium for e in mine} == {"STORAGE"}
+
+
+def harness_file_bytes() -> int:
+    """Bytes the fs tier spends per block of the harness's chunk."""
+    layout = importlib.import_module("kvtiers_fs.layout")
+    return int(layout.file_bytes(CHUNK_BYTES))
+
+
+def test_stats_and_metric_definitions(make_engine: MakeEngine, tmp_path: Path) -> None:
+    """The tier's counters reach vLLM's connector stats every step, under metric
+    names the spec defines from the raw config (what vLLM's API server does), and
+    vLLM's own Prometheus code accepts every payload."""
+    extra = extra_config([kvtiers_entry(tmp_path / "fs")])
+    engine = make_engine(extra, num_blocks=16)
+    tier = kvtiers_tier(engine)
+    tokens = prompt(random.Random(2))
+    engine.add("first", tokens, max_tokens=1)
+    engine.run()
+    assert engine.scheduler.reset_prefix_cache(reset_connector=True)
+    engine.settle()
+    engine.add("again", tokens, max_tokens=1)
+    engine.run()
+    blocks = len(tokens) // harness.BLOCK
+
+    definitions = TieringOffloadingSpec.build_metric_definitions(extra)
+    assert set(tier_metrics.definitions()) <= set(definitions)
+    label = (tier.tier_label,)
+    assert label == ("1:kvtiers",)
+
+    def total(name: str) -> float:
+        return float(sum(p["data"].get(name, {}).get(label, 0) for p in engine.stats))
+
+    assert total(tier_metrics.PREFIX + "blocks_written") == blocks
+    assert total(tier_metrics.PREFIX + "blocks_read") == blocks
+    assert total(tier_metrics.PREFIX + "read_bytes") == tier.tier.stats().bytes_read > 0
+
+    registry = CollectorRegistry()
+    types = {
+        Counter: functools.partial(Counter, registry=registry),
+        Gauge: functools.partial(Gauge, registry=registry),
+        Histogram: functools.partial(Histogram, registry=registry),
+    }
+    prom = OffloadingConnector.build_prom_metrics(engine.config, types, ["engine"], {0: ["0"]})
+    for payload in engine.stats:
+        prom.observe(payload, 0)
+    value = registry.get_sample_value(
+        tier_metrics.PREFIX + "blocks_read_total", {"engine": "0", "tier": "1:kvtiers"}
+    )
+    assert value == blocks
+    usage = registry.get_sample_value(tier_metrics.USAGE, {"engine": "0", "tier": "1:kvtiers"})
+    assert usage == tier.tier.stats().usage_bytes > 0
+
+
+def test_namespace_is_vllm_run_identity(
+    make_engine: MakeEngine, model_dir: Path, tmp_path: Path
+) -> None:
+    """The tier's namespace is vLLM's model and run identity: its revision is the digest
+    that names vLLM's own fs directory for the same run; another layout (two groups)
+    is another namespace."""
+    from vllm.v1.kv_offload.file_mapper import FileMapper
+
+    one = kvtiers_tier(make_engine(extra_config([kvtiers_entry(tmp_path / "a")])))
+    two = kvtiers_tier(make_engine(extra_config([kvtiers_entry(tmp_path / "b")]), groups=2))
+    assert one.namespace.model == two.namespace.model == str(model_dir)
+    spec = one._offloading_spec
+    mapper = FileMapper.from_offloading_spec(
+        str(tmp_path), spec, blocks_per_file=spec.blocks_per_chunk, parallel_agnostic=True
+    )
+    digest = one.namespace.revision.removeprefix("vllm-run-")
+    assert len(digest) == 12 and mapper.base_path.endswith("_" + digest)
+    assert one.namespace.fingerprint != two.namespace.fingerprint
+    assert len(two.namespace.groups) == 2
+    assert one.config_info() == {
+        "kvtiers_tier": "fs",
+        "kvtiers_namespace": one.namespace.fingerprint,
+    }
+
+
+# --- wrong configs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"type": "kvtiers"}, r"secondary_tiers\[0\]\.tier: kvtiers tier: missing \"tier\""),
+        ({"type": "kvtiers", "tier": "fs"}, r"secondary_tiers\[0\]\.tier: .*expected an object"),
+        ({"type": "kvtiers", "tier": {"root_dir": "/x"}}, r"secondary_tiers\[0\]\.tier\.type: "),
+        (
+            {"type": "kvtiers", "tier": {"type": "nvme"}},
+            r"secondary_tiers\[0\]\.tier\.type: .*'nvme'.*\bfs\b.*\bmemory\b",
+        ),
+        (
+            {
+                "type": "kvtiers",
+                "tier": {"type": "fs", "root_dir": "ROOT", "capacity_bytes": "lots"},
+            },
+            r"secondary_tiers\[0\]\.tier\.capacity_bytes: fs tier: 'lots'",
+        ),
+        (
+            {
+                "type": "kvtiers",
+                "medium": "TAPE",
+                "tier": {"type": "memory", "capacity_bytes": 10**6},
+            },
+            r"secondary_tiers\[0\]\.medium: kvtiers tier: expected one of STORAGE, CPU, got 'TAPE'",
+        ),
+    ],
+)
+def test_wrong_configs_fail_clearly(
+    make_engine: MakeEngine, tmp_path: Path, entry: dict[str, Any], message: str
+) -> None:
+    tier = entry.get("tier")
+    if isinstance(tier, dict) and tier.get("root_dir") == "R":
+        tier["root_dir"] = str(tmp_path)
+    with pytest.raises(TierConfigError, match=message) as info:
+        make_engine(extra_config([entry]))
+    assert isinstance(info.value, ValueError)  # what vLLM's own factories raise
+
+
+def test_unknown_keywords_are_ignored_with_a_warning(
+    make_engine: MakeEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a later vLLM may pass (vllm#58087 added a keyword every tier had to take),
+    or a vLLM fs option left in the entry: a warning naming it, nothing more."""
+    entry = kvtiers_entry(tmp_path / "fs", n_read_threads=8, some_future_kwarg=1)
+    with caplog.at_level(logging.WARNING, logger="kvtiers_vllm.tier"):
+        engine = make_engine(extra_config([entry]))
+    assert isinstance(kvtiers_tier(engine), KvtiersTier)
+    (record,) = [r for r in caplog.records if "does not know" in r.getMessage()]
+    assert "n_read_threads, some_future_kwarg" in record.getMessage()
+
+
 # --- the version check and the entry point -------------------------------------------
 
 
@@ -173,6 +415,29 @@ def test_version_check_when_vllm_is_missing(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(compat, "installed_vllm", lambda: None)
     with pytest.raises(compat.UnsupportedVllmError, match="not installed.*supported: vLLM 0.33.x"):
         compat.require_vllm()
+
+
+def test_on_an_unsupported_vllm_the_tier_refuses_and_the_plugin_stays_out(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Importing the tier module checks the version; the entry point warns and
+    registers nothing, so vLLM itself keeps working."""
+    import kvtiers_vllm.plugin
+    import kvtiers_vllm.tier
+
+    monkeypatch.setattr(compat, "installed_vllm", lambda: "0.34.1")
+    with pytest.raises(compat.UnsupportedVllmError, match=r"0\.34\.1 \(supported: vLLM 0\.33\.x\)"):
+        importlib.reload(kvtiers_vllm.tier)
+    monkeypatch.setattr(kvtiers_vllm.plugin, "installed_vllm", lambda: "0.34.1")
+
+    def refuse(*args: Any) -> None:
+        raise AssertionError("registered on an unsupported vLLM")
+
+    monkeypatch.setattr(SecondaryTierFactory, "register_tier", refuse)
+    monkeypatch.setattr(OffloadingSpecFactory, "register_spec", refuse)
+    with caplog.at_level(logging.WARNING, logger="kvtiers_vllm.plugin"):
+        register()
+    assert "not registering with vLLM 0.34.1 (supported: vLLM 0.33.x)" in caplog.text
 
 
 def test_entry_point_registers_the_tier_and_the_spec() -> None:

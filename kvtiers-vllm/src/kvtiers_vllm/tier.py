@@ -26,6 +26,7 @@ contract calls the scheduler thread; every byte moves on the kvtiers tier's thre
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
@@ -95,7 +96,8 @@ class KvtiersTier(SecondaryTierManager):
         if unknown:
             log.warning(
                 "kvtiers tier %s: ignoring options it does not know: %s",
-                options.path, ", ".join(sorted(unknown)),
+                options.path,
+                ", ".join(sorted(unknown)),
             )
         self.options: TierOptions = options
         self.medium = Medium(options.medium)  # type: ignore[misc]  # per instance
@@ -109,8 +111,7 @@ class KvtiersTier(SecondaryTierManager):
         self.pool = identity.pool_view(primary_kv_view, block_bytes)
         self.namespace = identity.namespace_for(offloading_spec, block_bytes)
         self._events_on = bool(
-            options.enable_kv_events
-            and offloading_spec.kv_events_config.enable_kv_cache_events
+            options.enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events
         )
         self.tier_events = TierEvents()
         if self._events_on:
@@ -127,16 +128,20 @@ class KvtiersTier(SecondaryTierManager):
             log.warning(
                 "kvtiers tier %s (%s): serving peers needs kvtiers' manager "
                 "(spec KvtiersOffloadingSpec); under vLLM's spec it only reads and writes",
-                options.path, options.section.type,
+                options.path,
+                options.section.type,
             )
         self._stored: list[OffloadKey] = []  # committed since the last take_events
         self._in_flight: dict[int, bool] = {}  # job id -> is a load
         self._deltas = tier_metrics.StatsDeltas(self.tier_label)
         self._closed = False
         log.info(
-            "kvtiers tier %s: %s over vLLM's CPU tier (%d chunks of %d bytes), "
-            "namespace %s", options.path, options.section.type, self.pool.num_slots,
-            block_bytes, self.namespace,
+            "kvtiers tier %s: %s over vLLM's CPU tier (%d chunks of %d bytes), namespace %s",
+            options.path,
+            options.section.type,
+            self.pool.num_slots,
+            block_bytes,
+            self.namespace,
         )
 
     # -- lookups and jobs (scheduler thread, never blocking) --
@@ -160,16 +165,23 @@ class KvtiersTier(SecondaryTierManager):
         for result in self.tier.get_finished_jobs():
             is_load = self._in_flight.pop(result.job_id, False)
             partial = is_load and bool(result.failed) and bool(result.ok)
-            out.append(JobResult(
-                job_id=result.job_id,
-                success=result.success,
-                successful_keys=tuple(result.ok) if partial else None,
-                transfer_time=result.seconds,
-                transfer_bytes=result.bytes_moved,
-            ))
+            out.append(
+                JobResult(
+                    job_id=result.job_id,
+                    success=result.success,
+                    successful_keys=tuple(result.ok) if partial else None,
+                    transfer_time=result.seconds,
+                    transfer_bytes=result.bytes_moved,
+                )
+            )
             if self._events_on and not is_load and result.ok:
                 self._stored.extend(OffloadKey(k) for k in result.ok)
         return out
+
+    @property
+    def jobs_in_flight(self) -> int:
+        """Jobs submitted to the kvtiers tier and not yet reported back."""
+        return len(self._in_flight)
 
     def has_pending_work(self) -> bool:
         return bool(self._in_flight)
@@ -197,15 +209,28 @@ class KvtiersTier(SecondaryTierManager):
             return []
         out = []
         if self._stored:
-            out.append(OffloadingEvent(
-                keys=self._stored, medium=self.medium, removed=False,
-                locality=self.locality, ownership=self.ownership, removal_expected=True))
+            out.append(
+                OffloadingEvent(
+                    keys=self._stored,
+                    medium=self.medium,
+                    removed=False,
+                    locality=self.locality,
+                    ownership=self.ownership,
+                    removal_expected=True,
+                )
+            )
             self._stored = []
         removed = self.tier_events.take()
         if removed:
-            out.append(OffloadingEvent(
-                keys=[OffloadKey(k) for k in removed], medium=self.medium, removed=True,
-                locality=self.locality, ownership=self.ownership))
+            out.append(
+                OffloadingEvent(
+                    keys=[OffloadKey(k) for k in removed],
+                    medium=self.medium,
+                    removed=True,
+                    locality=self.locality,
+                    ownership=self.ownership,
+                )
+            )
         return out
 
     @classmethod
@@ -233,3 +258,6 @@ class KvtiersTier(SecondaryTierManager):
         if not self._closed:
             self._closed = True
             self.tier.close()
+            # Our view of vLLM's CPU region: released, so that vLLM can unmap it.
+            with contextlib.suppress(BufferError):
+                self.pool.buffer.release()

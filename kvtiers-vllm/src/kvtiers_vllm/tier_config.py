@@ -71,32 +71,47 @@ def read_options(
     path = f"{EXTRA}.secondary_tiers[{'?' if index is None else index}]"
     problems: list[ConfigProblem] = []
     if tier is None:
-        problems.append(ConfigProblem(
-            f"{path}.tier",
-            'kvtiers tier: missing "tier", the kvtiers tier section to run under vLLM '
-            '(for example {"type": "fs", "root_dir": "/mnt/nvme0/kv", '
-            '"capacity_bytes": 1000000000000})'))
+        problems.append(
+            ConfigProblem(
+                f"{path}.tier",
+                'kvtiers tier: missing "tier", the kvtiers tier section to run under vLLM '
+                '(for example {"type": "fs", "root_dir": "/mnt/nvme0/kv", '
+                '"capacity_bytes": 1000000000000})',
+            )
+        )
     elif not isinstance(tier, Mapping):
-        problems.append(ConfigProblem(
-            f"{path}.tier", f"kvtiers tier: expected an object (a kvtiers tier section), "
-            f"got {type(tier).__name__} {tier!r:.100}"))
+        problems.append(
+            ConfigProblem(
+                f"{path}.tier",
+                f"kvtiers tier: expected an object (a kvtiers tier section), "
+                f"got {type(tier).__name__} {tier!r:.100}",
+            )
+        )
     elif not isinstance(tier.get("type"), str) or not tier.get("type"):
-        problems.append(ConfigProblem(
-            f"{path}.tier.type", f"kvtiers tier: the tier section needs a \"type\" (a kvtiers "
-            f"tier name, see `kvtiers plugins`), got {tier.get('type')!r}"))
+        problems.append(
+            ConfigProblem(
+                f"{path}.tier.type",
+                f'kvtiers tier: the tier section needs a "type" (a kvtiers '
+                f"tier name, see `kvtiers plugins`), got {tier.get('type')!r}",
+            )
+        )
     if (p := _choice(medium, MEDIA, f"{path}.medium")) is not None:
         problems.append(p)
     if locality is not None and (p := _choice(locality, LOCALITIES, f"{path}.locality")):
         problems.append(p)
     if not isinstance(enable_kv_events, bool):
-        problems.append(ConfigProblem(
-            f"{path}.enable_kv_events", f"kvtiers tier: expected true or false, got "
-            f"{enable_kv_events!r}"))
+        problems.append(
+            ConfigProblem(
+                f"{path}.enable_kv_events",
+                f"kvtiers tier: expected true or false, got {enable_kv_events!r}",
+            )
+        )
     if problems:
         raise TierConfigError(problems)
     assert isinstance(tier, Mapping)
     section = TierSection(
-        tier["type"], {k: v for k, v in tier.items() if k != "type"}, f"{path}.tier")
+        tier["type"], {k: v for k, v in tier.items() if k != "type"}, f"{path}.tier"
+    )
     return TierOptions(
         section=section,
         path=path,
@@ -125,11 +140,11 @@ def under(prefix: str) -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        raise TierConfigError([
-            ConfigProblem(_rebase(p.path, prefix), p.message) for p in exc.problems
-        ]) from exc
+        raise TierConfigError(
+            [ConfigProblem(_rebase(p.path, prefix), p.message) for p in exc.problems]
+        ) from exc
     except UnknownNameError as exc:
         message = str(exc)
-        raise TierConfigError([
-            ConfigProblem(prefix + ".type", message.removeprefix(prefix + ": "))
-        ]) from exc
+        raise TierConfigError(
+            [ConfigProblem(prefix + ".type", message.removeprefix(prefix + ": "))]
+        ) from exc
