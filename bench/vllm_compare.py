@@ -30,7 +30,8 @@ for vLLM's CUDA worker, and every page a load writes is checked against the byte
 Figures, per stack (median of `--runs` interleaved runs, the stacks' order rotating):
 
 - hit rate: blocks loaded from the offloading stack / blocks an ideal cache would
-  serve (the leading full blocks of each prompt that an earlier request computed);
+  serve: the leading full blocks of a wave's prompts that an earlier wave computed,
+  each once (requests of one wave sharing a block load it once);
 - scheduler CPU time per step, p50 and p99 (µs): the scheduler thread's CPU time
   (`time.thread_time_ns`) in `Scheduler.schedule()` plus `update_from_output()`,
   which run every call into the offloading manager, over the steps that scheduled
@@ -109,13 +110,15 @@ class Ideal:
     def __init__(self) -> None:
         self._seen: set[tuple[int, ...]] = set()
 
-    def reusable(self, tokens: list[int]) -> int:
-        n = 0
+    def reusable(self, tokens: list[int]) -> set[tuple[int, ...]]:
+        """The leading blocks of `tokens` computed before (each named by its prefix)."""
+        found = set()
         for i in range((len(tokens) - 1) // h.BLOCK):  # the last token is computed
-            if tuple(tokens[: (i + 1) * h.BLOCK]) not in self._seen:
+            prefix = tuple(tokens[: (i + 1) * h.BLOCK])
+            if prefix not in self._seen:
                 break
-            n += 1
-        return n
+            found.add(prefix)
+        return found
 
     def computed(self, tokens: list[int]) -> None:
         for i in range(len(tokens) // h.BLOCK):
@@ -158,11 +161,15 @@ def run_stack(stack: str, args: argparse.Namespace, model: Path, seed: int) -> d
             for first in range(0, args.sessions, args.concurrency):
                 wave = range(first, min(first + args.concurrency, args.sessions))
                 requests = {}
+                wanted: set[tuple[int, ...]] = set()
                 for s in wave:
                     user = [rng.randrange(h.VOCAB) for _ in range(args.user_blocks * h.BLOCK)]
                     prompt = history[s] + user
-                    ideal_blocks += ideal.reusable(prompt)
+                    wanted |= ideal.reusable(prompt)
                     requests[s] = engine.add(f"s{s}t{turn}", prompt, args.answer_tokens)
+                # A block several requests of the wave share is loaded once (vLLM's
+                # prefix cache serves the others).
+                ideal_blocks += len(wanted)
                 for _ in range(args.max_steps):
                     result = engine.step()
                     loaded += result.loaded_pages

@@ -203,7 +203,9 @@ class KvtiersManager(OffloadingManager):
     # ---------------------------------------------------------------- steps
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        self._m.step()
+        # Most steps of a busy engine have no tier work: nothing to collect or submit.
+        if not self._m.idle():
+            self._m.step()
 
     def has_pending_work(self) -> bool:
         return not self._m.idle()
@@ -242,7 +244,8 @@ class KvtiersManager(OffloadingManager):
         with_tiers = now >= self._next_tier_stats
         if with_tiers:
             self._next_tier_stats = now + self._stats_interval_s
-        return self._stats.take(self._m.stats(tiers=with_tiers))
+        payload = self._stats.take(self._m.stats(tiers=with_tiers))
+        return None if payload.is_empty() else payload
 
     def config_info(self) -> Sequence[ConfigInfoMapping]:
         """One row for the CPU pool, one for each secondary tier (`tier`, `tier_type`)."""

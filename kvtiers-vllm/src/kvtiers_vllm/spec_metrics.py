@@ -6,7 +6,8 @@ raw `kv_connector_extra_config` alone (`build_metric_definitions`): the definiti
 here depend on nothing else, import no tier and look nothing up in vLLM's tier
 factory. Secondary tiers are a label (`tier`: "fs", "fs#2", ...), not a name.
 
-Counters are sent as what changed since the last payload, gauges as a snapshot.
+Counters are sent as what changed since the last payload, gauges when they changed
+(Prometheus keeps a gauge's last value); a step that changed nothing sends nothing.
 """
 
 from __future__ import annotations
@@ -90,10 +91,11 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
 
 class StatsDelta:
     """Turns successive `TieringOffloadingManager.stats()` snapshots into vLLM's
-    payloads: counter increments since the previous call, current gauges."""
+    payloads: counter increments since the previous call, gauges that changed."""
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._gauges: dict[tuple[str, tuple[str, ...]], float] = {}
 
     def take(self, stats: Mapping[str, Any]) -> OffloadingConnectorStats:
         out = OffloadingConnectorStats()
@@ -104,24 +106,32 @@ class StatsDelta:
             if last.get((PREFIX + name, ())) != value:  # most steps change few
                 self._count(out, PREFIX + name, (), value)
         slots = pool.get("num_slots", 0) or 1
-        out.set_gauge(PREFIX + "pool_usage_perc", pool.get("resident", 0) / slots)
-        out.set_gauge(PREFIX + "pool_pinned_perc", pool.get("pinned", 0) / slots)
+        self._gauge(out, PREFIX + "pool_usage_perc", (), pool.get("resident", 0) / slots)
+        self._gauge(out, PREFIX + "pool_pinned_perc", (), pool.get("pinned", 0) / slots)
         for tier, values in stats["tiers"].items():
             labels = (tier,)
             for name in TIER_COUNTERS:
                 self._count(out, PREFIX + "tier_" + name, labels, values.get(name, 0))
-            out.set_gauge(PREFIX + "tier_usage_bytes", values.get("usage_bytes", 0), labels)
-            out.set_gauge(
-                PREFIX + "tier_queued_cascades", values.get("queued_cascades", 0), labels
+            self._gauge(out, PREFIX + "tier_usage_bytes", labels, values.get("usage_bytes", 0))
+            self._gauge(
+                out, PREFIX + "tier_queued_cascades", labels, values.get("queued_cascades", 0)
             )
-            out.set_gauge(
-                PREFIX + "tier_breaker_open",
+            self._gauge(
+                out, PREFIX + "tier_breaker_open", labels,
                 0 if values.get("breaker", "closed") == "closed" else 1,
-                labels,
-            )
+            )  # fmt: skip
             for reason, n in (values.get(JOB_ERRORS) or {}).items():
                 self._count(out, PREFIX + "tier_" + JOB_ERRORS, (tier, str(reason)), n)
         return out
+
+    def _gauge(
+        self, out: OffloadingConnectorStats, name: str, labels: tuple[str, ...], value: float
+    ) -> None:
+        """A gauge is sent when it changed (Prometheus keeps the last value)."""
+        key = (name, labels)
+        if self._gauges.get(key) != value:
+            self._gauges[key] = value
+            out.set_gauge(name, value, labels)
 
     def _count(
         self, out: OffloadingConnectorStats, name: str, labels: tuple[str, ...], value: Any
