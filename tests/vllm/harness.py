@@ -10,10 +10,11 @@ sequence of one engine step (schedule, bind metadata, loads, "forward", save, fi
 from the tokens it covers (`page_bytes`: random-looking, never zeros), and every page a
 load writes is checked against those bytes the step it lands (`Engine.pages_checked`).
 
-Any spec works: `cpu_worker_spec(base, name)` makes (once) a subclass of `base` with
-the memcpy worker and publishes it here, so a kv_transfer_config names it with
-`spec_name=name, spec_module_path=SPEC_MODULE`. A spec whose CPU region is not the
-`SharedOffloadRegion` of `CPUOffloadingSpec` passes its own `cpu_views`.
+Any spec works: `cpu_worker_spec(base, name)` (tests/vllm/cpu_worker.py, re-exported
+here) makes (once) a subclass of `base` with the memcpy worker and publishes it, so a
+kv_transfer_config names it with `spec_name=name, spec_module_path=SPEC_MODULE`. A
+spec whose CPU region is not the `SharedOffloadRegion` of `CPUOffloadingSpec` passes
+its own `cpu_views`.
 
 Everything runs on the calling thread; vLLM's tiering manager may run its tier-poll
 thread, which `Engine.close()` stops through the connector's shutdown.
@@ -22,13 +23,10 @@ thread, which `Engine.close()` stops through the connector's shutdown.
 from __future__ import annotations
 
 import glob
-import hashlib
-import json
 import os
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,284 +54,65 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    KVCacheTensor,
-    SlidingWindowSpec,
-)
 from vllm.v1.kv_offload.base import (
-    CanonicalKVCaches,
     GPULoadStoreSpec,
-    LoadStoreSpec,
-    OffloadingSpec,
-    OffloadingWorker,
-    TransferResult,
 )
-from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
-from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-SPEC_MODULE = __name__
-BLOCK = 16  # tokens per GPU block, the hash block size too
-KV_HEADS = 2
-HEAD_SIZE = 16
-LAYERS = 2  # layers per KV-cache group
-SLIDING_WINDOW = 48  # tokens, for the second group of a hybrid layout
-DTYPE = torch.float16
-# Bytes of one layer's page: K and V, BLOCK tokens, KV_HEADS x HEAD_SIZE halves.
-PAGE = 2 * BLOCK * KV_HEADS * HEAD_SIZE * 2
-VOCAB = 1000
+from .cpu_worker import (
+    SPEC_MODULE,
+    CpuViews,
+    MemcpyWorker,
+    cpu_worker_spec,
+    shared_region_views,
+)
+from .tiny_model import (
+    BLOCK,
+    DTYPE,
+    HEAD_SIZE,
+    KV_HEADS,
+    LAYERS,
+    PAGE,
+    SLIDING_WINDOW,
+    TINY_LLAMA,
+    VOCAB,
+    kv_cache_config,
+    layer_name,
+    page_bytes,
+    worker_kv_caches,
+    write_tiny_llama,
+)
 
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": KV_HEADS * 2 * HEAD_SIZE,
-    "intermediate_size": 128,
-    "num_attention_heads": KV_HEADS * 2,
-    "num_key_value_heads": KV_HEADS,
-    "head_dim": HEAD_SIZE,
-    "num_hidden_layers": LAYERS,
-    "vocab_size": VOCAB,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "float16",
-}
-
-
-def write_tiny_llama(directory: Path) -> Path:
-    """A model directory vLLM's `ModelConfig` accepts: a llama config.json, no weights."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
-    return directory
-
-
-# --- the layout ----------------------------------------------------------------------
-
-
-def layer_name(group: int, layer: int) -> str:
-    return f"model.layers.{group * LAYERS + layer}.self_attn.attn"
-
-
-def kv_cache_config(num_blocks: int, groups: int = 1) -> KVCacheConfig:
-    """A hand-built `KVCacheConfig` of `groups` (1 or 2) groups of LAYERS layers.
-
-    Two groups are a hybrid model: full attention and a sliding window of
-    SLIDING_WINDOW tokens, overlaying the same allocation the way vLLM lays hybrid
-    groups out (a block id belongs to one group at a time).
-    """
-    if groups not in (1, 2):
-        raise ValueError(f"groups must be 1 or 2, not {groups}")
-    full = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE, dtype=DTYPE
-    )
-    specs: list[Any] = [full]
-    if groups == 2:
-        specs.append(
-            SlidingWindowSpec(
-                block_size=BLOCK,
-                num_kv_heads=KV_HEADS,
-                head_size=HEAD_SIZE,
-                dtype=DTYPE,
-                sliding_window=SLIDING_WINDOW,
-            )
-        )
-    size = num_blocks * PAGE * LAYERS
-    tensors = [
-        KVCacheTensor(
-            size=size,
-            layers=[layer_name(g, i) for i in range(LAYERS)],
-            layer_stride=PAGE * num_blocks,
-            block_stride=PAGE,
-        )
-        for g in range(groups)
-    ]
-    group_specs = [
-        KVCacheGroupSpec([layer_name(g, i) for i in range(LAYERS)], spec)
-        for g, spec in enumerate(specs)
-    ]
-    return KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=group_specs
-    )
-
-
-def worker_kv_caches(
-    num_blocks: int, groups: int
-) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """The "GPU" KV cache on CPU: one (num_blocks, PAGE) int8 tensor per layer index,
-    shared by that layer of every group (hybrid groups overlay one allocation)."""
-    tensors = [torch.zeros(num_blocks, PAGE, dtype=torch.int8) for _ in range(LAYERS)]
-    caches = {layer_name(g, i): tensors[i] for g in range(groups) for i in range(LAYERS)}
-    return tensors, caches
-
-
-def page_bytes(tokens: Sequence[int], end: int, group: int, layer: int) -> np.ndarray:
-    """The bytes the "model" writes for the page of `layer` (of `group`) ending at token
-    `end`: a function of every token before `end` (a KV page depends on its prefix),
-    random-looking, never zeros."""
-    digest = hashlib.blake2b(
-        np.asarray(tokens[:end], dtype=np.int64).tobytes(),
-        digest_size=16,
-        person=f"g{group}l{layer}".encode(),
-    ).digest()
-    rng = np.random.default_rng(int.from_bytes(digest, "little"))
-    data = rng.integers(1, 256, size=PAGE, dtype=np.uint8)  # no zero byte at all
-    return data.view(np.int8)
-
-
-# --- the CPU worker ------------------------------------------------------------------
-
-
-class MemcpyWorker(OffloadingWorker):
-    """vLLM's `OffloadingWorker` on CPU: copies each job when it is submitted, reports
-    it finished at the next `get_finished`.
-
-    `cpu_views[t]` is the CPU side of canonical tensor t: (num_chunks, page * bpc) int8.
-    Block j of group g in a `GPULoadStoreSpec` is logical block `block_indices[g] + j`
-    of its request; a group's chunks follow the previous group's in the CPU spec, the
-    first one possibly entered part way (the logical index modulo blocks_per_chunk).
-    `loaded` records (gpu block id, group) of every page a load wrote, for the checks.
-    """
-
-    def __init__(
-        self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, cpu_views: Sequence[torch.Tensor]
-    ) -> None:
-        self.gpu = [
-            t.tensor.view(torch.int8).view(-1, t.page_size_bytes) for t in kv_caches.tensors
-        ]
-        self.cpu = list(cpu_views)
-        if len(self.cpu) != len(self.gpu):
-            raise ValueError(f"{len(self.cpu)} CPU views for {len(self.gpu)} KV tensors")
-        self.refs = kv_caches.group_data_refs
-        self.bpc = blocks_per_chunk
-        self._done: list[TransferResult] = []
-        self.loaded: list[tuple[int, int]] = []
-        self.stored_pages = 0
-
-    def _pairs(
-        self, gpu: GPULoadStoreSpec, cpu: LoadStoreSpec
-    ) -> Iterator[tuple[int, int, int, int]]:
-        """(group, gpu block, cpu chunk, block within the chunk) of every page."""
-        assert isinstance(cpu, CPULoadStoreSpec)
-        chunks = [int(c) for c in cpu.block_ids]
-        blocks = [int(b) for b in gpu.block_ids]
-        chunk_at = block_at = 0
-        for g, (size, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices, strict=True)):
-            if size == 0:
-                continue
-            skip = first % self.bpc
-            for j in range(size):
-                yield (
-                    g,
-                    blocks[block_at + j],
-                    chunks[chunk_at + (skip + j) // self.bpc],
-                    (skip + j) % self.bpc,
-                )
-            block_at += size
-            chunk_at += (skip + size + self.bpc - 1) // self.bpc
-        assert block_at == len(blocks) and chunk_at == len(chunks), (block_at, chunk_at, gpu, cpu)
-
-    def _copy(self, gpu: GPULoadStoreSpec, cpu: LoadStoreSpec, to_cpu: bool) -> int:
-        copied = 0
-        for g, block, chunk, sub in self._pairs(gpu, cpu):
-            for ref in self.refs[g]:
-                t = ref.tensor_idx
-                page = self.gpu[t].shape[1]
-                lo = sub * page
-                if to_cpu:
-                    self.cpu[t][chunk, lo : lo + page] = self.gpu[t][block]
-                else:
-                    self.gpu[t][block] = self.cpu[t][chunk, lo : lo + page]
-                copied += page
-            if not to_cpu:
-                self.loaded.append((block, g))
-            else:
-                self.stored_pages += 1
-        return copied
-
-    def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
-    ) -> bool:
-        start = time.perf_counter()
-        size = self._copy(src_spec, dst_spec, to_cpu=True)
-        self._done.append(TransferResult(job_id, True, size, time.perf_counter() - start))
-        return True
-
-    def submit_load(
-        self,
-        job_id: int,
-        src_spec: LoadStoreSpec,
-        dst_spec: GPULoadStoreSpec,
-        expedited: bool = False,
-    ) -> bool:
-        start = time.perf_counter()
-        size = self._copy(dst_spec, src_spec, to_cpu=False)
-        self._done.append(TransferResult(job_id, True, size, time.perf_counter() - start))
-        return True
-
-    def get_finished(self) -> list[TransferResult]:
-        done, self._done = self._done, []
-        return done
-
-    def wait(self, job_ids: set[int]) -> None:
-        return  # every job is complete once submitted
-
-    def shutdown(self) -> None:
-        # Drop the views of the shared region, so that its mmap can be closed.
-        self.cpu.clear()
-        self.gpu.clear()
-
-
-CpuViews = Callable[[Any, CanonicalKVCaches], list[torch.Tensor]]
-
-
-def shared_region_views(spec: Any, kv_caches: CanonicalKVCaches) -> list[torch.Tensor]:
-    """The worker's views of a `CPUOffloadingSpec`'s shared region (rank 0), one per
-    canonical tensor, as vLLM's own worker carves them. The region is kept on the spec
-    (`_harness_region`) and released by `Engine.close()`."""
-    region = SharedOffloadRegion(
-        engine_id=spec.config.engine_id,
-        num_chunks=spec.num_chunks,
-        rank=spec.config.parallel.rank,
-        kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
-        cpu_page_size=spec.cpu_page_size_per_worker,
-    )
-    spec._harness_region = region
-    return [
-        region.create_next_worker_view(t.page_size_bytes * spec.blocks_per_chunk)
-        for t in kv_caches.tensors
-    ]
-
-
-_SPECS: dict[str, type[Any]] = {}
-
-
-def cpu_worker_spec(
-    base: type[OffloadingSpec], name: str, cpu_views: CpuViews = shared_region_views
-) -> type[Any]:
-    """A subclass `name` of spec `base` whose worker is a `MemcpyWorker`, importable as
-    `SPEC_MODULE.<name>` (a kv_transfer_config's spec_name / spec_module_path)."""
-    if name in _SPECS:
-        if not issubclass(_SPECS[name], base):
-            raise ValueError(f"spec {name} already made from {_SPECS[name].__mro__[1]}")
-        return _SPECS[name]
-
-    def get_worker(self: Any, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if getattr(self, "_harness_worker", None) is None:
-            self._harness_worker = MemcpyWorker(
-                kv_caches, self.blocks_per_chunk, cpu_views(self, kv_caches)
-            )
-        worker: OffloadingWorker = self._harness_worker
-        return worker
-
-    cls = type(name, (base,), {"get_worker": get_worker, "__module__": SPEC_MODULE})
-    _SPECS[name] = cls
-    setattr(sys.modules[SPEC_MODULE], name, cls)
-    return cls
-
+__all__ = [
+    "BLOCK",
+    "DTYPE",
+    "HEAD_SIZE",
+    "KV_HEADS",
+    "LAYERS",
+    "PAGE",
+    "SLIDING_WINDOW",
+    "TINY_LLAMA",
+    "VOCAB",
+    "layer_name",
+    "worker_kv_caches",
+    "SPEC_MODULE",
+    "CpuViews",
+    "Engine",
+    "MemcpyWorker",
+    "RecordingPublisher",
+    "StepResult",
+    "cpu_worker_spec",
+    "kv_cache_config",
+    "new_engine_id",
+    "page_bytes",
+    "remove_shm",
+    "shared_region_views",
+    "status",
+    "vllm_config",
+    "write_tiny_llama",
+]
 
 # --- the engine ----------------------------------------------------------------------
 
@@ -462,8 +241,13 @@ class Engine:
         return connector
 
     @property
-    def spec(self) -> Any:
-        return self.connector.scheduler.spec if hasattr(self.connector.scheduler, "spec") else None
+    def worker_spec(self) -> Any:
+        """The worker-role connector's spec (the scheduler's connector builds its own
+        instance of the same class, which vLLM does not keep: reach it through the
+        manager or its tiers)."""
+        connector_worker = self.worker_connector.connector_worker
+        assert connector_worker is not None
+        return connector_worker.spec
 
     @property
     def manager(self) -> Any:
@@ -630,8 +414,7 @@ class Engine:
             try:
                 self.scheduler.shutdown()
             finally:
-                region = getattr(self.worker_connector.connector_worker, "spec", None)
-                region = getattr(region, "_harness_region", None)
+                region = getattr(self.worker_spec, "_harness_region", None)
                 if region is not None:
                     region.cleanup()
                 remove_shm(self.engine_id)

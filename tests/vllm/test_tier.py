@@ -29,10 +29,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import ( 
     OffloadingConnector,
 )
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
-from vllm.v1.kv_offload.base import LookupResult, make_offload_key  # noqa: E402
+from vllm.v1.kv_offload.base import LookupResult, Medium, make_offload_key  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
+from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from . import harness  # noqa: E402
@@ -187,6 +188,52 @@ def test_two_kv_cache_groups_by_module_path(make_engine: MakeEngine, tmp_path: P
     loaded = sum(r.loaded_pages for r in engine.run())
     assert loaded == len(held) and engine.pages_checked == loaded
     assert tier.tier.stats().blocks_read == len(held)
+
+
+def test_chunks_of_two_blocks(make_engine: MakeEngine, tmp_path: Path) -> None:
+    """vLLM's chunks of two GPU blocks (`blocks_per_chunk`): a kvtiers block is one
+    chunk (the namespace says 32 tokens), and the round trip stays byte-identical."""
+    extra = extra_config([kvtiers_entry(tmp_path / "fs")], cpu_chunks=16)
+    extra["blocks_per_chunk"] = 2
+    extra["cpu_bytes_to_use"] = 16 * 2 * CHUNK_BYTES
+    engine = make_engine(extra, num_blocks=16)
+    tier = kvtiers_tier(engine)
+    assert [g.tokens_per_block for g in tier.namespace.groups] == [2 * harness.BLOCK]
+    tokens = prompt(random.Random(13), 128)
+    engine.add("first", tokens, max_tokens=1)
+    engine.run()
+    chunks = len(tokens) // (2 * harness.BLOCK)
+    assert tier.tier.stats().blocks_written == chunks
+    assert engine.scheduler.reset_prefix_cache(reset_connector=True)
+    engine.settle()
+    engine.add("again", tokens, max_tokens=1)
+    loaded = sum(r.loaded_pages for r in engine.run())
+    assert tier.tier.stats().blocks_read == chunks
+    assert loaded == engine.pages_checked and loaded >= 2 * chunks - 1
+
+
+def test_another_kvtiers_tier_in_ram(make_engine: MakeEngine) -> None:
+    """Any kvtiers tier, not only fs: the core's `memory` tier, declared a CPU medium
+    (vLLM then counts its hits as host hits), round trip byte-identical."""
+    entry = {
+        "type": TIER_TYPE,
+        "medium": "CPU",
+        "tier": {"type": "memory", "capacity_bytes": 10**7},
+    }
+    engine = make_engine(extra_config([entry]), num_blocks=16, enable_events=True)
+    tier = kvtiers_tier(engine)
+    assert tier.medium is Medium.CPU and tier.cache_hit_source is CacheHitSource.HOST
+    tokens = prompt(random.Random(17))
+    engine.add("first", tokens, max_tokens=1)
+    engine.run()
+    assert engine.scheduler.reset_prefix_cache(reset_connector=True)
+    engine.settle()
+    engine.add("again", tokens, max_tokens=1)
+    blocks = len(tokens) // harness.BLOCK
+    assert sum(r.loaded_pages for r in engine.run()) == blocks == engine.pages_checked
+    assert tier.tier.stats().blocks_read == blocks
+    mine = [e for e in engine.events if getattr(e, "ownership", None) == "kvtiers:memory"]
+    assert mine and {e.medium for e in mine} == {"CPU"}
 
 
 def test_reset_cache_drains_the_tier_and_keeps_its_blocks(
