@@ -120,6 +120,20 @@ class TieringOffloadingManager(ParentManager):
         serving = any(t.serves_peers for t in tiers)
         self._lock: Any = threading.RLock() if serving else contextlib.nullcontext()
 
+    @property
+    def lock(self) -> Any:
+        """The context manager every call below enters: a real (reentrant) lock when a
+        tier serves peers from its own threads, else a no-op. An engine adapter that
+        must hold the manager across several calls (vLLM holds its manager for a
+        whole scheduler step) holds this one, so that no second lock is taken."""
+        return self._lock
+
+    def idle(self) -> bool:
+        """No tier job running, no cascade queued, no promotion waiting for `step()`:
+        nothing changes until the engine calls again (an engine may stop stepping)."""
+        with self._lock:
+            return self._traffic.idle()
+
     # ------------------------------------------------------------------ lookups
 
     def lookup(self, key: BlockKey) -> LookupResult:
@@ -308,7 +322,9 @@ class TieringOffloadingManager(ParentManager):
         """The slot of a resident block (tests, peers); None if absent."""
         return self._get(key)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, *, tiers: bool = True) -> dict[str, Any]:
+        """The pool's counters and each tier's (`tiers=False`: the pool's only, cheap
+        enough for every scheduler step; "tiers" is then empty)."""
         with self._lock:
             slots = self._slots
             pool = dict(self.counters)
@@ -319,17 +335,17 @@ class TieringOffloadingManager(ParentManager):
                 pinned=slots.pinned,
                 free=slots.free_count,
             )
-            ours = self._traffic.counters()
+            ours = self._traffic.counters() if tiers else []
         # The tiers' own stats outside the manager's lock: a tier may take locks of
         # its own (one that serves peers calls back into the manager under them).
-        tiers = {}
+        by_tier = {}
         for rt, counters in ours:
             try:
                 tier_stats = rt.tier.stats().as_dict()
             except Exception:  # noqa: BLE001
                 tier_stats = {}
-            tiers[rt.name] = {**tier_stats, **counters}
-        return {"pool": pool, "tiers": tiers}
+            by_tier[rt.name] = {**tier_stats, **counters}
+        return {"pool": pool, "tiers": by_tier}
 
     def reset(self) -> None:
         """Drop every block that is not pinned, and every queued cascade."""
