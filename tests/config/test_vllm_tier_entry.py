@@ -66,3 +66,31 @@ def test_in_a_kvtiers_config_kvtiers_is_no_tier(tmp_path: Path) -> None:
     del doc["spec_name"]
     with pytest.raises(ConfigError, match=r"secondary_tiers\[0\]\.type"):
         load_config(doc)
+
+
+def _spec_doc(root: Path, spec: str, **options: Any) -> dict[str, Any]:
+    doc = _doc(root)
+    extra = doc["kv_connector_extra_config"]
+    extra["spec_name"] = spec
+    extra["secondary_tiers"] = [extra["secondary_tiers"][0]["tier"]]
+    extra.update(options)
+    return doc
+
+
+def test_the_kvtiers_spec_options_are_checked(tmp_path: Path) -> None:
+    good = _spec_doc(tmp_path, "KvtiersOffloadingSpec", kvtiers_worker="kvtiers",
+                     kvtiers_stats_interval_s=0.5, kvtiers_shutdown_drain_s=0)
+    assert not load_config(good).warnings
+    bad = _spec_doc(tmp_path, "KvtiersOffloadingSpec", kvtiers_worker="gpu",
+                    kvtiers_stats_interval_s=0, kvtiers_shutdown_drain_s=True)
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    text = str(info.value)
+    for key in ("kvtiers_worker", "kvtiers_stats_interval_s", "kvtiers_shutdown_drain_s"):
+        assert f"$.kv_connector_extra_config.{key}: expected" in text
+
+
+def test_the_kvtiers_spec_options_are_warned_about_under_vllms_spec(tmp_path: Path) -> None:
+    doc = _spec_doc(tmp_path, "TieringOffloadingSpec", kvtiers_worker="kvtiers")
+    (warning,) = load_config(doc).warnings
+    assert "kvtiers_worker: only KvtiersOffloadingSpec reads this option" in warning

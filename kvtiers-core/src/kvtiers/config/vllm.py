@@ -124,8 +124,38 @@ def unwrap(doc: dict[str, Any], checker: Checker) -> Unwrapped | None:
             )
             return None
     _check_spec(extra, base, checker)
-    native = {k: v for k, v in extra.items() if k not in _SPEC_KEYS}
+    _check_spec_options(extra, base, checker)
+    native = {k: v for k, v in extra.items() if k not in _SPEC_KEYS and k not in _SPEC_OPTIONS}
     return Unwrapped(native, base, fmt)
+
+
+# Options that kvtiers-vllm's spec reads itself (not the manager's): which worker
+# copies between the GPU and vLLM's CPU region, how often tier stats are sent, how
+# long shutdown waits for cascades in flight.
+_SPEC_OPTIONS: dict[str, tuple[str, Any]] = {
+    "kvtiers_worker": ('one of "vllm" (vLLM\'s CUDA worker) or "kvtiers" (kvtiers\' '
+                       "DeviceSwapper)", lambda v: v in ("vllm", "kvtiers")),
+    "kvtiers_stats_interval_s": ("a number of seconds > 0", lambda v: _number(v) and v > 0),
+    "kvtiers_shutdown_drain_s": ("a number of seconds >= 0", lambda v: _number(v) and v >= 0),
+}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1e9
+
+
+def _check_spec_options(extra: Mapping[str, Any], base: str, checker: Checker) -> None:
+    spec = extra.get("spec_name")
+    for key, (expected, ok) in _SPEC_OPTIONS.items():
+        if key not in extra:
+            continue
+        if spec != KVTIERS_SPEC:
+            checker.warnings.append(
+                f"{join(base, key)}: only {KVTIERS_SPEC} reads this option; "
+                f"{show(spec) if isinstance(spec, str) else 'this spec'} ignores it"
+            )
+        elif not ok(extra[key]):
+            checker.problem(join(base, key), f"expected {expected}, found {found(extra[key])}")
 
 
 def _check_transfer(doc: dict[str, Any], checker: Checker) -> None:
