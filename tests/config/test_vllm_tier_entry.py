@@ -82,7 +82,7 @@ def test_the_kvtiers_spec_options_are_checked(tmp_path: Path) -> None:
                      kvtiers_stats_interval_s=0.5, kvtiers_shutdown_drain_s=0)
     assert not load_config(good).warnings
     bad = _spec_doc(tmp_path, "KvtiersOffloadingSpec", kvtiers_worker="gpu",
-                    kvtiers_stats_interval_s=0, kvtiers_shutdown_drain_s=True)
+                    kvtiers_stats_interval_s=-1, kvtiers_shutdown_drain_s=True)
     with pytest.raises(ConfigError) as info:
         load_config(bad)
     text = str(info.value)

@@ -135,7 +135,7 @@ def unwrap(doc: dict[str, Any], checker: Checker) -> Unwrapped | None:
 _SPEC_OPTIONS: dict[str, tuple[str, Any]] = {
     "kvtiers_worker": ('one of "vllm" (vLLM\'s CUDA worker) or "kvtiers" (kvtiers\' '
                        "DeviceSwapper)", lambda v: v in ("vllm", "kvtiers")),
-    "kvtiers_stats_interval_s": ("a number of seconds > 0", lambda v: _number(v) and v > 0),
+    "kvtiers_stats_interval_s": ("a number of seconds >= 0", lambda v: _number(v) and v >= 0),
     "kvtiers_shutdown_drain_s": ("a number of seconds >= 0", lambda v: _number(v) and v >= 0),
 }
 
