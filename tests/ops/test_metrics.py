@@ -153,3 +153,35 @@ def test_the_metered_tier_keeps_the_inner_tiers_flags_and_extras() -> None:
         assert rt.tier.damage is not None  # the memory tier's own extra, through it
     finally:
         mgr.close()
+
+
+def test_recording_never_waits_for_a_scrape_in_progress() -> None:
+    """A scrape stopped half-way through its collect (in the middle of reading the
+    shards) does not hold up recording: the scheduler's and the tier threads' calls
+    share no lock with it."""
+    recorder = MetricsRecorder()
+    recorder.count("tier_lookup", tier="t", result="hit")
+    exporter = MetricsExporter(recorder)
+    registry = exporter.registry()
+    inside, release = threading.Event(), threading.Event()
+    real = recorder.counters
+
+    def paused(name: str) -> Any:
+        inside.set()
+        assert release.wait(60)
+        return real(name)
+
+    recorder.counters = paused  # type: ignore[method-assign]
+    scrape = threading.Thread(target=prometheus_client.generate_latest, args=(registry,))
+    scrape.start()
+    try:
+        assert inside.wait(60)
+        for _ in range(1000):  # would hang here if recording waited for the scrape
+            recorder.count("tier_lookup", tier="t", result="hit")
+            recorder.observe("manager_call_seconds", 1e-5, call="lookup")
+    finally:
+        release.set()
+        scrape.join(60)
+    recorder.counters = real  # type: ignore[method-assign]
+    assert dict(recorder.counters("tier_lookup")) == {
+        (("result", "hit"), ("tier", "t")): 1001.0}

@@ -45,6 +45,8 @@ class VerifyReport:
     tier: str
     #: `Namespace.fingerprint`
     namespace: str
+    #: where, in the tier's terms (a root directory, a bucket prefix)
+    location: str
     #: blocks checked (every committed block, as the index listed them at the start)
     checked: int
     bad: tuple[BadBlock, ...] = ()

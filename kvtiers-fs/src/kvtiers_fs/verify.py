@@ -159,7 +159,7 @@ def verify_root(store: RootStore, tier: str, file_bytes: int, *, repair: bool,
             stray += 1
     notes = (f"{stray} block file(s) not in the index: left alone (a live writer's "
              "block not committed yet, or a file that is not ours)",) if stray else ()
-    return VerifyReport(tier, store.fingerprint, result.done, tuple(result.bad),
+    return VerifyReport(tier, store.fingerprint, store.root, result.done, tuple(result.bad),
                         result.vanished, result.removed_bytes, notes)
 
 

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                     raise KvtiersError(f"tier {t.name}: {exc}") from exc
             for r in reports:
                 doc["ok"] &= r.ok
-                entry["namespaces"].append(_report(r, ns.model, args.repair))
+                entry["namespaces"].append(_report(r, ns.model))
     if args.json:
         json.dump(doc, sys.stdout, indent=1)
         print()
@@ -83,10 +83,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if doc["ok"] else EXIT_BAD
 
 
-def _report(r: VerifyReport, model: str | None, repair: bool) -> dict[str, Any]:
+def _report(r: VerifyReport, model: str | None) -> dict[str, Any]:
     return {
-        "namespace": r.namespace, "model": model,
-        "location": r.bad[0].location.split("/blocks/")[0] if r.bad else None,
+        "namespace": r.namespace, "model": model, "location": r.location,
         "checked": r.checked, "bad": [
             {"key": None if b.key is None else b.key.hex(), "reason": b.reason,
              "detail": b.detail, "location": b.location, "removed": b.removed}
@@ -122,6 +121,8 @@ def _print(doc: dict[str, Any]) -> None:
             print("  no namespace: nothing to verify")
         for ns in tier["namespaces"]:
             who = f"{ns.get('model') or '?'} [{ns['namespace'][:12]}]"
+            if ns.get("location"):
+                who += f" in {ns['location']}"
             if "error" in ns:
                 print(f"  {who}: {ns['error']}")
                 continue
