@@ -126,3 +126,35 @@ def test_errors_and_help(tmp_path: Path) -> None:
         done = kvtiers(cmd, fs_config(tmp_path / "c.json", str(tmp_path / "r"), CAP),
                        "--tier", "s3")
         assert done.returncode == 2 and "choose one of: fs" in done.stderr, done.stderr
+
+
+def test_inspect_beside_a_writer_that_rotates_its_journal(
+        tmp_path: Path, mp: Any, children: list[Any]) -> None:
+    """Each survey folds a consistent state even while the writer keeps evicting and
+    rotating (snapshot + journal files replaced under the reader): usage within the
+    capacity, bytes equal to the blocks' files, never an error."""
+    from tests.fs import child
+
+    root = tmp_path / "root"
+    root.mkdir()
+    capacity = 40
+    ready = mp.Event()
+    p = mp.Process(target=child.writer, args=(str(root), capacity, 3, str(tmp_path / "log"),
+                                              ready, 1 << 14))
+    p.start()
+    children.append(p)
+    assert ready.wait(120)
+    config = fs_config(tmp_path / "c.json", str(root), capacity * FILE)
+    seen = []
+    while len(seen) < 3:
+        done = kvtiers("inspect", config, "--json")
+        assert done.returncode == 0, done.stderr
+        (ns,) = json.loads(done.stdout)["tiers"][0]["namespaces"]
+        assert ns["error"] is None
+        assert ns["committed_bytes"] == ns["blocks"] * FILE
+        assert ns["usage_bytes"] <= capacity * FILE
+        assert ns["reserved_bytes"] == ns["reserved_blocks"] * FILE
+        seen.append(ns["blocks"])
+        assert p.is_alive()
+    gens = [n for n in os.listdir(root / ns["namespace"]) if n.startswith("journal.")]
+    assert max(seen) > 0 and max(int(g.split(".")[1]) for g in gens) > 1  # it rotated
