@@ -28,7 +28,7 @@ def _env(block_prometheus: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(REPO / "kvtiers-core" / "src"), str(REPO / "kvtiers-fs" / "src")]
     if block_prometheus:
-        paths.insert(0, str(HERE / "no_prometheus"))
+        paths.insert(0, str(HERE / "blocked"))
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     return env
 

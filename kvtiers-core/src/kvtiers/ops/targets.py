@@ -87,13 +87,14 @@ def is_ours(ns: NamespaceInventory, config: KvtiersConfig) -> bool:
 
 @contextlib.contextmanager
 def open_namespace(target: Target, namespace: Namespace,
-                   registry: Registry | None = None) -> Iterator[SecondaryTier]:
+                   registry: Registry | None = None, *,
+                   slots: int = 1) -> Iterator[SecondaryTier]:
     """The tier of `target` built for `namespace` (it joins the store as any engine
-    of that model would), closed afterwards."""
+    of that model would), with a private pool of `slots`, closed afterwards."""
     from kvtiers.tiers import create_tier
 
     block_bytes = max(g.block_bytes for g in namespace.groups)
-    ctx = TierContext(PoolView.anonymous(1, block_bytes), namespace,
+    ctx = TierContext(PoolView.anonymous(slots, block_bytes), namespace,
                       logger=logging.getLogger(f"kvtiers.ops.{target.name}"),
                       name=target.name)
     tier = create_tier(target.section, ctx, registry)
