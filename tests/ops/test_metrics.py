@@ -185,3 +185,21 @@ def test_recording_never_waits_for_a_scrape_in_progress() -> None:
     recorder.counters = real  # type: ignore[method-assign]
     assert dict(recorder.counters("tier_lookup")) == {
         (("result", "hit"), ("tier", "t")): 1001.0}
+
+
+def test_bound_recorders_feed_the_same_series() -> None:
+    recorder = MetricsRecorder()
+    add = recorder.counter("tier_lookup", result="hit", tier="t")
+    seen = recorder.observer("tier_job_seconds", kind="load", tier="t")
+    add(2.0)
+    recorder.count("tier_lookup", tier="t", result="hit")
+    seen(0.003)
+    recorder.observe("tier_job_seconds", 100.0, tier="t", kind="load")
+    recorder.counter("no_such_event")(1.0)
+    assert dict(recorder.counters("tier_lookup")) == {(("result", "hit"), ("tier", "t")): 3.0}
+    metric = next(d for d in ALL_METRICS if d.event == "tier_job_seconds")
+    ((labels, h),) = recorder.histograms(metric)
+    assert labels == (("kind", "load"), ("tier", "t")) and h.count == 2
+    assert h.sum == pytest.approx(100.003)
+    assert dict(h.buckets)[0.005] == 1 and dict(h.buckets)[60.0] == 1
+    assert dict(recorder.counters("-")) == {(("event", "no_such_event"),): 1.0}

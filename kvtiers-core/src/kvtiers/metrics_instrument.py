@@ -38,6 +38,18 @@ _RESULT = {LookupResult.HIT: "hit", LookupResult.MISS: "miss", LookupResult.RETR
 _T = TypeVar("_T")
 
 
+def _counter(sink: MetricsSink, name: str, **labels: str) -> Callable[[float], None]:
+    if isinstance(sink, MetricsRecorder):
+        return sink.counter(name, **labels)
+    return lambda value: sink.count(name, value, **labels)
+
+
+def _observer(sink: MetricsSink, name: str, **labels: str) -> Callable[[float], None]:
+    if isinstance(sink, MetricsRecorder):
+        return sink.observer(name, **labels)
+    return lambda value: sink.observe(name, value, **labels)
+
+
 class MeteredTier(SecondaryTier):
     """`inner`, recording per call: lookups by answer, the time from a RETRY to the
     answer (probe latency), each job's seconds by kind, promotions in flight. Its
@@ -54,19 +66,25 @@ class MeteredTier(SecondaryTier):
         self._sink = sink
         self._jobs: dict[int, tuple[str, int]] = {}  # job id -> (kind, keys)
         self._probing: dict[BlockKey, float] = {}
+        # The calls made per lookup and per job, with their labels bound once.
+        self._lookups = {r: _counter(sink, "tier_lookup", tier=name, result=label)
+                         for r, label in (*_RESULT.items(), (None, "error"))}
+        self._probe_seconds = _observer(sink, "tier_probe_seconds", tier=name)
+        self._job_seconds = {kind: _observer(sink, "tier_job_seconds", tier=name, kind=kind)
+                             for kind in ("store", "load", "unknown")}
+        self._in_flight = _counter(sink, "tier_promotions_in_flight", tier=name)
 
     def __getattr__(self, attr: str) -> Any:
         # Only reached for what this class lacks (a tier's own extras: tests, tools).
         return getattr(self.__dict__["inner"], attr)
 
     def lookup(self, key: BlockKey) -> LookupResult:
-        sink = self._sink
         try:
             answer = self.inner.lookup(key)
         except Exception:
-            sink.count("tier_lookup", tier=self.name, result="error")
+            self._lookups[None](1.0)
             raise
-        sink.count("tier_lookup", tier=self.name, result=_RESULT.get(answer, answer.name))
+        self._lookups[answer](1.0)
         probing = self._probing
         if answer is LookupResult.RETRY:
             if key not in probing:
@@ -76,8 +94,7 @@ class MeteredTier(SecondaryTier):
         elif probing:
             started = probing.pop(key, None)
             if started is not None:
-                sink.observe("tier_probe_seconds", time.perf_counter() - started,
-                             tier=self.name)
+                self._probe_seconds(time.perf_counter() - started)
         return answer
 
     def submit_store(self, job: TransferJob) -> None:
@@ -87,17 +104,17 @@ class MeteredTier(SecondaryTier):
     def submit_load(self, job: TransferJob) -> None:
         n = len(job.keys)
         self._jobs[job.job_id] = ("load", n)
-        self._sink.count("tier_promotions_in_flight", n, tier=self.name)
+        self._in_flight(n)
         self.inner.submit_load(job)
 
     def get_finished_jobs(self) -> list[JobResult]:
         results = self.inner.get_finished_jobs()
-        sink, jobs = self._sink, self._jobs
+        jobs = self._jobs
         for r in results:
             kind, n = jobs.pop(r.job_id, ("unknown", 0))
-            sink.observe("tier_job_seconds", r.seconds, tier=self.name, kind=kind)
+            self._job_seconds[kind](r.seconds)
             if kind == "load":
-                sink.count("tier_promotions_in_flight", -n, tier=self.name)
+                self._in_flight(-n)
         return results
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -137,6 +154,7 @@ class MeteredManager:
         self._recorder = recorder
         self._interval = publish_interval_s
         self._next_publish = 0.0
+        self._calls: dict[str, Callable[[float], None]] = {}
         self.publish()
 
     def __getattr__(self, attr: str) -> Any:
@@ -147,7 +165,11 @@ class MeteredManager:
         try:
             return fn(*args)
         finally:
-            self._recorder.observe("manager_call_seconds", time.perf_counter() - t0, call=call)
+            record = self._calls.get(call)
+            if record is None:
+                record = self._calls[call] = self._recorder.observer(
+                    "manager_call_seconds", call=call)
+            record(time.perf_counter() - t0)
 
     def publish(self) -> None:
         """Scheduler thread: snapshot `stats()` for the scrape."""
