@@ -5,6 +5,10 @@ inspect`, `kvtiers verify`): which blocks a tier holds (key, size, when stored),
 per namespace and place (a root directory, a bucket prefix) how much is committed,
 how much is reserved by stores in flight, and the capacity bound.
 
+`SecondaryTier.survey(config)` (a class method) lists every namespace of the store
+a config names - ours and other models' - without opening the tier, with each
+namespace's model and geometry where the tier records them.
+
 An inventory is a snapshot taken at one moment; the tier may change right after.
 Building one may block on I/O and takes time proportional to the blocks held:
 call it from a tool or a test, never from the scheduler thread.
@@ -12,8 +16,9 @@ call it from a tool or a test, never from the scheduler thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvtiers.keys import BlockKey
 
@@ -49,6 +54,13 @@ class NamespaceInventory:
     capacity_bytes: int | None = None
     #: committed blocks whose key could not be recovered (not in `blocks`)
     unnamed_blocks: int = 0
+    #: whose namespace it is, as the tier recorded it (None: not known)
+    model: str | None = None
+    revision: str | None = None
+    #: the geometry of each KV group (`BlockGeometry` fields), as recorded
+    geometry: tuple[Mapping[str, Any], ...] = ()
+    #: why this namespace could not be read fully (its numbers may be partial)
+    error: str | None = None
 
     @property
     def usage_bytes(self) -> int:

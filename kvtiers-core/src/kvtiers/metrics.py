@@ -1,8 +1,15 @@
 """The metrics sink a tier reports to. Anything with `count` and `observe` works
-(a Prometheus adapter, a test recorder); `NullMetrics` drops everything."""
+(a Prometheus adapter, a test recorder); `NullMetrics` drops everything.
+
+The names a sink understands, and the Prometheus metric each feeds, are defined in
+`kvtiers.metrics_defs` (docs/metrics.md). `kvtiers.metrics_recorder.MetricsRecorder`
+records them without a lock; `kvtiers.metrics_prom` exports them (the extra
+`kvtiers-core[metrics]`). A sink may be called from any thread, the scheduler's
+included: it must never block."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 
@@ -34,3 +41,19 @@ class RecordingMetrics:
     def observe(self, name: str, value: float, **labels: str) -> None:
         key = (name, tuple(sorted(labels.items())))
         self.observations.setdefault(key, []).append(value)
+
+
+class LabelledSink:
+    """A `MetricsSink` that adds fixed labels to every report (each tier gets its
+    sink labelled with `tier=<its name>`)."""
+
+    def __init__(self, sink: MetricsSink, labels: Mapping[str, str] | None = None,
+                 **more: str):
+        self._sink = sink
+        self._labels = {**(labels or {}), **more}
+
+    def count(self, name: str, value: float = 1.0, **labels: str) -> None:
+        self._sink.count(name, value, **{**self._labels, **labels})
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        self._sink.observe(name, value, **{**self._labels, **labels})

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from kvtiers.inventory import TierInventory
     from kvtiers.plugins.registry import Registry
     from kvtiers.policies.base import EvictionPolicy
+    from kvtiers.verification import Progress, VerifyReport
 
 
 
@@ -211,6 +212,28 @@ class SecondaryTier(ABC):
         the scheduler's; it may block on I/O and takes time proportional to the
         blocks held. Default: NotImplementedError (the tier cannot enumerate)."""
         raise NotImplementedError(f"{type(self).__name__} cannot list what it holds")
+
+    @classmethod
+    def survey(cls, config: Mapping[str, Any], *, name: str = "",
+               ages: bool = False) -> TierInventory:
+        """What the store `config` names holds, every namespace in it (ours and other
+        models'), with each namespace's model and geometry where the tier records
+        them - read WITHOUT building the tier: no writes, no locks others wait for,
+        safe beside live engines (`kvtiers inspect`). `name`: the tier's name in the
+        stack, for the result. Blocks on I/O; time proportional to the blocks held.
+        Default: NotImplementedError (the tier cannot list its store)."""
+        raise NotImplementedError(f"{cls.__name__} cannot survey its store")
+
+    def verify_blocks(self, *, repair: bool = False,
+                      progress: Progress | None = None) -> list[VerifyReport]:
+        """Re-read and re-check every committed block of this tier's namespace (one
+        report per place: root, bucket prefix), reporting each bad one by reason
+        (`kvtiers.verification`); with `repair`, remove the bad ones through the
+        tier's own accounting, so usage stays exact. Safe beside live engines on a
+        shared store: a block that another process evicts meanwhile is not bad.
+        `progress(done, total)` is called from the calling thread. Any thread but the
+        scheduler's; blocks; reads every byte. Default: NotImplementedError."""
+        raise NotImplementedError(f"{type(self).__name__} cannot verify its blocks")
 
     def serve_external_requests(self, parent: ParentManager) -> None:
         """Called once, from the thread that builds the manager, for `serves_peers`

@@ -43,6 +43,7 @@ from kvtiers.probe import AsyncProbe
 from kvtiers.sdk import Deferred, Job, JobEngine, JobHooks, Outcome, Pins
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.verification import Progress, VerifyReport
 
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import BlockIO, ReadOutcome, ReadResult, probe_o_direct
@@ -242,6 +243,24 @@ class FsTier(SecondaryTier):
     def inventory(self, *, ages: bool = False) -> TierInventory:
         return TierInventory(self.ctx.name or "fs",
                              tuple(store.inventory(ages=ages) for store in self.stores))
+
+    @classmethod
+    def survey(cls, config: Mapping[str, Any], *, name: str = "",
+               ages: bool = False) -> TierInventory:
+        """Every namespace under the roots, read-only (`kvtiers_fs.survey`)."""
+        from kvtiers_fs.survey import survey
+
+        options = resolve_options(FS_SCHEMA, config, "fs")
+        return TierInventory(name or "fs", tuple(survey(
+            root_dirs(options), capacity_bytes=options["capacity_bytes"], ages=ages)))
+
+    def verify_blocks(self, *, repair: bool = False,
+                      progress: Progress | None = None) -> list[VerifyReport]:
+        """Every block of this namespace, re-read and re-checked (`kvtiers_fs.verify`)."""
+        from kvtiers_fs.verify import verify_tier
+
+        return verify_tier(self.stores, self.ctx.name or "fs", self.file_bytes,
+                           repair=repair, progress=progress)
 
     def block_path(self, key: BlockKey) -> str:
         """Where the file of `key` is (tests, tools)."""

@@ -17,6 +17,7 @@ from kvtiers.extras import BENCH_EXTRA, missing_torch
 from kvtiers.humanize import format_bytes
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.manager.build import build_manager, tier_names
+from kvtiers.metrics import MetricsSink
 from kvtiers.namespace import Namespace
 from kvtiers.pool import CpuPool, pool_shape
 from kvtiers.pool_memory import memory_limits
@@ -113,8 +114,10 @@ def build_stack(
     *,
     device: torch.device,
     kv_layout: str = "layer",
+    metrics: MetricsSink | None = None,
 ) -> Stack:
-    """The stack for one run; `config=None`: no offloading (the GPU only)."""
+    """The stack for one run; `config=None`: no offloading (the GPU only).
+    `metrics`: the sink the manager's tiers report to (`build_manager`)."""
     check_memory(config, geometry, gpu_pages, device)
     kv = StandInKV(geometry, gpu_pages, device, kv_layout)
     if config is None:
@@ -130,7 +133,8 @@ def build_stack(
     )
     stack = Stack(kv, pool)
     try:
-        stack.manager = build_manager(config, pool.view, bench_namespace(geometry))
+        stack.manager = build_manager(config, pool.view, bench_namespace(geometry),
+                                      metrics=metrics)
         stack.tier_names = tuple(tier_names(config))
         stack.swapper = DeviceSwapper(kv.layout, pool)
     except BaseException:

@@ -69,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the stand-in GPU KV cache lives (auto: CUDA when present)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help="serve Prometheus metrics on http://127.0.0.1:N/metrics while the bench runs "
+        "(0: a free port, printed; needs the `metrics` extra of kvtiers-core)",
+    )
 
     wl = parser.add_argument_group("workload (same seed, same requests)")
     for flag, key, what in (
@@ -168,6 +175,15 @@ def run(args: argparse.Namespace) -> int:
         if args.model_check:
             raise BenchRefused("--plot draws a bench run over time; --model-check has none")
         check_plot_destination(args.plot)
+    if args.metrics_port is not None:
+        from kvtiers.metrics_prom import require_prometheus
+
+        if args.model_check:
+            raise BenchRefused("--metrics-port serves a bench run's metrics; "
+                               "--model-check has none")
+        if not 0 <= args.metrics_port < 65536:
+            raise BenchRefused(f"--metrics-port must be 0..65535, got {args.metrics_port}")
+        require_prometheus("kvtiers bench --metrics-port")
     if args.model_check:
         _require_fs("--model-check reloads the model's KV from an fs tier (its third run)")
         from kvtiers.bench.model_check import main as model_check_main
@@ -309,9 +325,7 @@ def _runs(
 ) -> list[Any]:
     from kvtiers.bench import report
     from kvtiers.bench.engine import pages_for
-    from kvtiers.bench.progress import progress_bar
-    from kvtiers.bench.runner import Replay
-    from kvtiers.bench.stack import build_stack, pick_device
+    from kvtiers.bench.stack import pick_device
 
     device = pick_device(args.device)
     pages = args.gpu_pages or pages_for(
@@ -344,24 +358,58 @@ def _runs(
     ):
         console.print(line, highlight=False, soft_wrap=True)
     results = []
-    for label, cfg in plans:
-        stack = build_stack(cfg, geometry, pages, device=device, kv_layout=args.kv_layout)
-        try:
-            with progress_bar(
-                not args.no_progress and sys.stdout.isatty(), spec, args.duration, label, console
-            ) as update:
-                replay = Replay(
-                    stack,
-                    spec,
-                    label=label,
-                    duration_s=args.duration,
-                    progress=update,
-                    max_wait_s=(cfg.job_timeout_s + 1.0) if cfg is not None else 0.0,
-                )
-                results.append(replay.run())
-        finally:
-            stack.close()
+    with contextlib.ExitStack() as scope:
+        recorder = _serve_metrics(args.metrics_port, scope)
+        for label, cfg in plans:
+            results.append(_run_one(args, label, cfg, spec, geometry, pages, device, console,
+                                    recorder))
     return results
+
+
+def _serve_metrics(port: int | None, scope: contextlib.ExitStack) -> Any:
+    """The recorder every run reports to, served on `port` until `scope` ends; None
+    without --metrics-port."""
+    if port is None:
+        return None
+    from kvtiers.metrics_prom import MetricsExporter
+    from kvtiers.metrics_recorder import MetricsRecorder
+
+    recorder = MetricsRecorder()
+    server = MetricsExporter(recorder).serve(port)
+    scope.callback(server.close)
+    print(f"metrics: {server.url}", file=sys.stderr, flush=True)
+    return recorder
+
+
+def _run_one(
+    args: argparse.Namespace, label: str, cfg: Any, spec: Any, geometry: Any, pages: int,
+    device: Any, console: Any, recorder: Any,
+) -> Any:
+    from kvtiers.bench.progress import progress_bar
+    from kvtiers.bench.runner import Replay
+    from kvtiers.bench.stack import build_stack
+
+    stack = build_stack(cfg, geometry, pages, device=device, kv_layout=args.kv_layout,
+                        metrics=recorder)
+    if recorder is not None and stack.manager is not None:
+        from kvtiers.metrics_instrument import MeteredManager
+
+        stack.manager = MeteredManager(stack.manager, recorder)  # type: ignore[assignment]
+    try:
+        with progress_bar(
+            not args.no_progress and sys.stdout.isatty(), spec, args.duration, label, console
+        ) as update:
+            replay = Replay(
+                stack,
+                spec,
+                label=label,
+                duration_s=args.duration,
+                progress=update,
+                max_wait_s=(cfg.job_timeout_s + 1.0) if cfg is not None else 0.0,
+            )
+            return replay.run()
+    finally:
+        stack.close()
 
 
 class BenchRefused(KvtiersError):

@@ -9,7 +9,7 @@ from kvtiers.config.model import KvtiersConfig
 from kvtiers.errors import ConfigError, ConfigProblem, PluginError
 from kvtiers.humanize import format_bytes
 from kvtiers.manager.manager import TieringOffloadingManager
-from kvtiers.metrics import MetricsSink, NullMetrics
+from kvtiers.metrics import LabelledSink, MetricsSink, NullMetrics
 from kvtiers.namespace import Namespace
 from kvtiers.plugins.registry import Registry, get_registry
 from kvtiers.policies.base import EvictionPolicy
@@ -55,8 +55,10 @@ def build_manager(
     of its blocks (`ConfigError` naming both otherwise). Without secondary tiers the
     scheduler side never touches the pool's bytes: then `block_bytes` alone will do,
     and `namespace` is not needed. `enable_events` overrides the config's
-    `enable_kv_events`. Tiers that serve peers (`serves_peers`) get the manager
-    through `serve_external_requests` before it is returned."""
+    `enable_kv_events`. `metrics`: each tier reports to it labelled with its name,
+    and is wrapped in a `MeteredTier` (`kvtiers.metrics_instrument`). Tiers that
+    serve peers (`serves_peers`) get the manager through `serve_external_requests`
+    before it is returned."""
     if pool is not None:
         num_slots = _check_pool(config, pool)
     elif block_bytes is not None:
@@ -77,13 +79,15 @@ def build_manager(
         )
     names = tier_names(config)
     tiers: list[SecondaryTier] = []
+    from kvtiers.metrics_instrument import MeteredTier  # it imports the manager
     try:
         for name, section in zip(names, config.secondary_tiers, strict=True):
             assert pool is not None and namespace is not None
-            ctx = TierContext(
-                pool, namespace, clock, logger.getChild(name), metrics or NullMetrics(), name
-            )
-            tiers.append(create_tier(section, ctx, registry))
+            sink = NullMetrics() if metrics is None else LabelledSink(metrics, tier=name)
+            ctx = TierContext(pool, namespace, clock, logger.getChild(name), sink, name)
+            tier = create_tier(section, ctx, registry)
+            # With metrics, each tier is wrapped to record its lookups and jobs.
+            tiers.append(tier if metrics is None else MeteredTier(tier, name, metrics))
         manager = TieringOffloadingManager(
             num_slots,
             policy_cls.for_slots(num_slots),
