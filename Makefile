@@ -27,7 +27,7 @@ bench: setup
 
 lint: setup
 	$(BIN)/pip install -q ruff
-	$(BIN)/ruff check --select F,E9 kvtiers-core kvtiers-fs tests bench examples
+	$(BIN)/ruff check --select F,E9 $(dir $(DISTS)) tests bench examples
 
 clean:
 	rm -rf $(VENV)

@@ -3,7 +3,9 @@
 Exit 0 with a short summary of the resolved stack on stdout (warnings, and notes
 from the tiers' machine checks, on stderr);
 exit 2 with one `error: <path>: <message>` line per problem (printed by
-`kvtiers.cli.main`). Imports no torch and no tier code.
+`kvtiers.cli.main`). Imports no torch and no tier code. Options a tier's schema
+marks `"writeOnly": true` (credentials) are printed as `***`, in the summary and
+in `--json` alike.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtiers.config import KvtiersConfig, TierSection
-from kvtiers.humanize import format_bytes
 from kvtiers.config.model import thaw
 from kvtiers.config.schema import properties
 from kvtiers.errors import ConfigError
+from kvtiers.humanize import format_bytes
 from kvtiers.plugins.registry import Registry
 
 STDIN = "standard input"
+REDACTED = "***"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     for note in config.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
-        print(json.dumps(config.to_dict(), indent=2))
+        doc = config.to_dict()
+        doc["secondary_tiers"] = [redact_section(t, registry) for t in doc["secondary_tiers"]]
+        print(json.dumps(doc, indent=2))
     else:
         print(summary(config, registry))
     return 0
@@ -124,12 +129,37 @@ def _tier_lines(tier: TierSection, registry: Registry, lead: str, indent: str) -
         if isinstance(value, TierSection):
             nested.append((key, value))
         elif _worth_showing(key, value, properties(schema)):
-            plain.append(f"{key}={_show(key, value)}")
+            shown = redact(thaw(value), properties(schema).get(key), registry)
+            plain.append(f"{key}={_show(key, shown)}")
     head = f"{lead}{tier.type} ({origin})"
     lines = [head + (": " + ", ".join(plain) if plain else "")]
     for key, inner in nested:
         lines.extend(_tier_lines(inner, registry, f"{indent}{key}: ", indent + "  "))
     return lines
+
+
+def redact(value: Any, schema: Any, registry: Registry) -> Any:
+    """`value` (JSON data) with every option its schema marks `writeOnly` as `***`;
+    nested tier sections are redacted by their own tier's schema."""
+    if isinstance(schema, Mapping) and schema.get("writeOnly") is True:
+        return REDACTED
+    if isinstance(value, Mapping):
+        if isinstance(schema, Mapping) and schema.get("x-kvtiers") == "tier":
+            return redact_section(value, registry)
+        props = properties(schema)
+        return {k: redact(v, props.get(k), registry) for k, v in value.items()}
+    if isinstance(value, list) and isinstance(schema, Mapping):
+        return [redact(v, schema.get("items"), registry) for v in value]
+    return value
+
+
+def redact_section(section: Any, registry: Registry) -> Any:
+    """A tier section as JSON data (`{"type": ..., **options}`), redacted."""
+    if not isinstance(section, Mapping):
+        return section
+    reg = registry.tiers.get(str(section.get("type")))
+    schema = reg.record.schema if reg is not None else {}
+    return redact(section, schema, registry)
 
 
 def _worth_showing(key: str, value: Any, props: Mapping[str, Any]) -> bool:
