@@ -8,11 +8,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kvtiers_s3.codec import FormatError, Reason, header_bytes
+from kvtiers_s3.ranges import coalesce
 from kvtiers_s3.segment import (
     SEGMENT_MAGIC,
     decode_index,
     decode_member,
     encode_segment,
+    plan_segments,
     segment_bytes,
 )
 
@@ -132,3 +134,49 @@ def test_the_encoder_refuses_duplicates_and_empty_segments() -> None:
         encode_segment(FP, [])
     with pytest.raises(ValueError):
         encode_segment(FP, [(b"k", b"1"), (b"k", b"2")])
+
+
+@given(st.integers(0, 3000), st.integers(1, 4 << 20), st.integers(1, 64),
+       st.integers(1 << 20, 32 << 20))
+def test_a_job_splits_into_few_balanced_segments_within_the_limit(
+        n: int, payload: int, klen: int, limit: int) -> None:
+    groups = plan_segments(n, payload, klen, limit)
+    assert [i for g in groups for i in g] == list(range(n))
+    if not groups:
+        return
+    sizes = [len(g) for g in groups]
+    assert max(sizes) - min(sizes) <= 1
+    one = segment_bytes([b"k" * klen], payload)
+    for g in groups:
+        assert segment_bytes([b"k" * klen] * len(g), payload) <= limit or len(g) == 1
+    if one <= limit:  # as few segments as fit: one fewer would overflow
+        fewer = len(groups) - 1
+        if fewer:
+            biggest = -(-n // fewer)
+            assert segment_bytes([b"k" * klen] * biggest, payload) > limit
+
+
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(1, 50)), min_size=0, max_size=60),
+       st.integers(0, 300), st.integers(1, 2000))
+def test_coalesced_reads_cover_each_record_once_within_their_limits(
+        layout: list[tuple[int, int]], max_gap: int, max_read: int) -> None:
+    """Records laid out with gaps (gap, length); every record comes back from
+    exactly one read, at the right place, and reads respect gap and size limits."""
+    wanted, pos = [], 0
+    for i, (gap, length) in enumerate(layout):
+        pos += gap
+        wanted.append((i, pos, length))
+        pos += length
+    reads = coalesce(list(reversed(wanted)), max_gap=max_gap, max_read=max_read)
+    seen = {}
+    for r in reads:
+        assert r.members and r.start < r.end
+        assert r.end - r.start <= max_read or len(r.members) == 1
+        for item, rel, length in r.members:
+            assert rel >= 0 and rel + length <= r.end - r.start
+            seen[item] = (r.start + rel, length)
+        gaps = [b[1] - (a[1] + a[2]) for a, b in zip(r.members, r.members[1:], strict=False)]
+        assert all(0 <= g <= max_gap for g in gaps)
+    assert seen == {i: (off, n) for i, off, n in wanted}
+    starts = [r.start for r in reads]
+    assert starts == sorted(starts)

@@ -25,17 +25,27 @@ S3_CONFIG_DEFAULTS: Mapping[str, Any] = {
     "response_checksum_validation": "when_required",
     "connect_timeout": 5,
     "read_timeout": 30,
+    # one quick retry of a throttled or dropped request; deadlines do the rest
+    "retries": {"mode": "standard", "total_max_attempts": 2},
 }
 
 
 def filesystem_kwargs(settings: S3Settings, **overrides: Any) -> dict[str, Any]:
     """The keyword arguments of the settings' fsspec filesystem class: the storage
     options, plus (for S3) `S3_CONFIG_DEFAULTS` under `config_kwargs`, updated
-    with `overrides` (botocore Config fields, for S3 only)."""
+    with `overrides` (botocore Config fields, for S3 only), and s3fs'
+    `max_concurrency` 1 unless given."""
     kwargs = dict(settings.storage_options)
+    # Other engines write the same prefix: a cached listing would hide their objects.
+    kwargs.setdefault("use_listings_cache", False)
+    if settings.protocol in ("file", "local"):
+        kwargs.setdefault("auto_mkdir", True)  # object names imply their directories
     if settings.is_s3:
         config = {**S3_CONFIG_DEFAULTS, **dict(kwargs.get("config_kwargs") or {}), **overrides}
         kwargs["config_kwargs"] = config
+        # s3fs reads a whole object with a HEAD first, to split it into concurrent
+        # ranged GETs: two requests per block. Blocks already go out concurrently.
+        kwargs.setdefault("max_concurrency", 1)
     return kwargs
 
 
@@ -43,13 +53,14 @@ def open_filesystem(
     settings: S3Settings, *, loop: asyncio.AbstractEventLoop | None = None, **overrides: Any
 ) -> Any:
     """A new (never cached) fsspec filesystem for the settings' protocol. With
-    `loop`, an async one bound to that loop (call its `_` methods on the loop);
-    without, a synchronous one. `overrides` as in `filesystem_kwargs`."""
+    `loop`, an async one bound to that loop (call its `_` methods on the loop) where
+    the filesystem is async; else a synchronous one (`objects.ObjectStore` wraps
+    it). `overrides` as in `filesystem_kwargs`."""
     import fsspec
 
     cls = fsspec.get_filesystem_class(settings.protocol)
     kwargs = filesystem_kwargs(settings, **overrides)
-    if loop is not None:
+    if loop is not None and getattr(cls, "async_impl", False):
         kwargs.update(asynchronous=True, loop=loop)
     return cls(skip_instance_cache=True, **kwargs)
 

@@ -54,6 +54,7 @@ __all__ = [
     "decode_index",
     "decode_member",
     "encode_segment",
+    "plan_segments",
     "segment_bytes",
 ]
 
@@ -101,6 +102,25 @@ def index_bytes(keys: Sequence[bytes]) -> int:
 def segment_bytes(keys: Sequence[bytes], payload_bytes: int) -> int:
     """Length of a segment holding one block of `payload_bytes` per key."""
     return index_bytes(keys) + sum(header_bytes(len(k)) + payload_bytes for k in keys)
+
+
+def plan_segments(n: int, payload_bytes: int, key_bytes: int, limit: int) -> list[range]:
+    """How a store job's `n` blocks (consecutive indices) split into segments of at
+    most `limit` bytes: as few segments as fit, of near-equal counts (a 17-block job
+    with room for 16 a segment is 9 + 8, not 16 + 1, so no segment is a runt that
+    costs a request for one block). A block larger than `limit` gets one of its own."""
+    if n <= 0:
+        return []
+    per_record = _KLEN.size + key_bytes + _ENTRY.size + header_bytes(key_bytes) + payload_bytes
+    fit = max(1, (limit - FIXED_BYTES - _TAIL.size) // per_record)
+    count = -(-n // fit)
+    base, extra = divmod(n, count)
+    out, start = [], 0
+    for i in range(count):
+        size = base + (1 if i < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
 
 
 def encode_segment(
