@@ -11,7 +11,9 @@ DISTS := $(wildcard kvtiers-*/pyproject.toml)
 
 $(STAMP): requirements-dev.txt $(DISTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# torch first and pinned: an unpinned resolve pulls a multi-GB CUDA build.
+	# torch first and pinned: an unpinned resolve pulls a multi-GB CUDA build. The
+	# distributions do not depend on it (kvtiers-core[torch] is an extra); dev and CI
+	# install it for the worker-side and bench tests.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -r requirements-dev.txt
 	$(BIN)/pip install -q $(foreach d,$(DISTS),-e $(dir $(d)))
@@ -25,9 +27,13 @@ test: setup
 bench: setup
 	$(BIN)/kvtiers bench
 
+# ruff with the rules of pyproject.toml, mypy strict on the distributions' sources.
+LINT_PATHS := $(dir $(DISTS)) tests bench examples
+TYPED_PATHS := $(addsuffix src,$(dir $(DISTS)))
+
 lint: setup
-	$(BIN)/pip install -q ruff
-	$(BIN)/ruff check --select F,E9 $(dir $(DISTS)) tests bench examples
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy $(TYPED_PATHS)
 
 clean:
 	rm -rf $(VENV)

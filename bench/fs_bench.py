@@ -289,76 +289,85 @@ VLLM_ROWS = {"huge": "vllm-fs (pure Python)",
 def throughput(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for bb, total in ((2 * MiB, args.bytes_2m), (64 << 10, args.bytes_64k)):
-        n = total // bb
-        per_job = args.job_blocks_for[bb]
-        samples: dict[str, list[tuple[float | None, float | None]]] = {}
+        rows += _throughput_of(args, base, bb, total)
+    return rows
 
-        def add(name: str, store_s: float | None, load_s: float | None) -> None:
-            samples.setdefault(name, []).append(
-                (n * bb / store_s / 1e6 if store_s else None,
-                 n * bb / load_s / 1e6 if load_s else None))
 
-        def python(d: Path) -> None:
-            add("python-pwrite O_DIRECT", *python_pass(d, bb, n, args.threads))
+def _throughput_of(
+    args: argparse.Namespace, base: Path, bb: int, total: int
+) -> list[dict[str, Any]]:
+    """Every pass, `args.runs` times, for blocks of `bb` bytes: one row per pass."""
+    n = total // bb
+    per_job = args.job_blocks_for[bb]
+    samples: dict[str, list[tuple[float | None, float | None]]] = {}
 
-        def vllm(buffer: str) -> Callable[[Path], None]:
-            def run(d: Path) -> None:
-                got = vllm_pass(args, d, bb, n, args.threads, buffer)
-                if got is not None:
-                    add(VLLM_ROWS[buffer], *got)
-            return run
+    def add(name: str, store_s: float | None, load_s: float | None) -> None:
+        samples.setdefault(name, []).append(
+            (n * bb / store_s / 1e6 if store_s else None,
+             n * bb / load_s / 1e6 if load_s else None))
 
-        def kvtiers(name: str, **opts: Any) -> Callable[[Path], None]:
-            def run(d: Path) -> None:
-                t = kvtiers_pass(d, bb, n, per_job, args.threads, **opts)
-                add(name, t["store"], t["load"])
-                if not opts:
-                    add(KV_FILL, t["fill"], None)
-            return run
+    def python(d: Path) -> None:
+        add("python-pwrite O_DIRECT", *python_pass(d, bb, n, args.threads))
 
-        configs: list[tuple[str, Callable[[Path], None]]] = [
-            ("python-pwrite", python),
-            ("vllm-fs", vllm("huge")),
-            ("vllm-fs 4k pages", vllm("4k")),
-            ("kvtiers-fs O_DIRECT", kvtiers("kvtiers-fs O_DIRECT")),
-            ("kvtiers-fs buffered", kvtiers("kvtiers-fs buffered", o_direct=False)),
-            ("kvtiers-fs durable", kvtiers("kvtiers-fs O_DIRECT durable", durable=True)),
-        ]
-        for run in range(args.runs):
-            if shutil.which("fio") and bb == 2 * MiB:
-                d = base / "fio"
-                d.mkdir(parents=True, exist_ok=True)
-                best = fio_pass(d, bb, total)
-                samples.setdefault(FIO_NEW, []).append((best["write"], best["read"]))
-                samples.setdefault(FIO_OVER, []).append((best["overwrite"], None))
-                shutil.rmtree(d)
-            # Rotate the order every run: on a shared virtual disk, what ran just
-            # before changes a pass's speed.
-            k = run % len(configs)
-            for name, fn in configs[k:] + configs[:k]:
-                d = base / f"run{run}"
-                try:
-                    fn(d)
-                finally:
-                    shutil.rmtree(d, ignore_errors=True)
-                print(f"  {bb >> 10} KiB run {run}: {name} done", file=sys.stderr, flush=True)
-        for name, vals in samples.items():
-            stores = [v[0] for v in vals if v[0] is not None]
-            loads = [v[1] for v in vals if v[1] is not None]
-            rows.append({
-                "block": f"{bb >> 10} KiB", "what": name, "blocks": n, "runs": len(vals),
-                "store_MBps": round(statistics.median(stores), 1) if stores else None,
-                "load_MBps": round(statistics.median(loads), 1) if loads else None,
-                "store_all": [round(v, 1) for v in stores],
-                "load_all": [round(v, 1) for v in loads],
-            })
+    def vllm(buffer: str) -> Callable[[Path], None]:
+        def one_pass(d: Path) -> None:
+            got = vllm_pass(args, d, bb, n, args.threads, buffer)
+            if got is not None:
+                add(VLLM_ROWS[buffer], *got)
+        return one_pass
+
+    def kvtiers(name: str, **opts: Any) -> Callable[[Path], None]:
+        def one_pass(d: Path) -> None:
+            t = kvtiers_pass(d, bb, n, per_job, args.threads, **opts)
+            add(name, t["store"], t["load"])
+            if not opts:
+                add(KV_FILL, t["fill"], None)
+        return one_pass
+
+    configs: list[tuple[str, Callable[[Path], None]]] = [
+        ("python-pwrite", python),
+        ("vllm-fs", vllm("huge")),
+        ("vllm-fs 4k pages", vllm("4k")),
+        ("kvtiers-fs O_DIRECT", kvtiers("kvtiers-fs O_DIRECT")),
+        ("kvtiers-fs buffered", kvtiers("kvtiers-fs buffered", o_direct=False)),
+        ("kvtiers-fs durable", kvtiers("kvtiers-fs O_DIRECT durable", durable=True)),
+    ]
+    for run in range(args.runs):
+        if shutil.which("fio") and bb == 2 * MiB:
+            d = base / "fio"
+            d.mkdir(parents=True, exist_ok=True)
+            best = fio_pass(d, bb, total)
+            samples.setdefault(FIO_NEW, []).append((best["write"], best["read"]))
+            samples.setdefault(FIO_OVER, []).append((best["overwrite"], None))
+            shutil.rmtree(d)
+        # Rotate the order every run: on a shared virtual disk, what ran just
+        # before changes a pass's speed.
+        k = run % len(configs)
+        for name, fn in configs[k:] + configs[:k]:
+            d = base / f"run{run}"
+            try:
+                fn(d)
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            print(f"  {bb >> 10} KiB run {run}: {name} done", file=sys.stderr, flush=True)
+    rows: list[dict[str, Any]] = []
+    for name, vals in samples.items():
+        stores = [v[0] for v in vals if v[0] is not None]
+        loads = [v[1] for v in vals if v[1] is not None]
+        rows.append({
+            "block": f"{bb >> 10} KiB", "what": name, "blocks": n, "runs": len(vals),
+            "store_MBps": round(statistics.median(stores), 1) if stores else None,
+            "load_MBps": round(statistics.median(loads), 1) if loads else None,
+            "store_all": [round(v, 1) for v in stores],
+            "load_all": [round(v, 1) for v in loads],
+        })
     return rows
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's targets for 2 MiB blocks, from the medians of one run."""
     by = {r["what"]: r for r in rows if r["block"] == "2048 KiB"}
-    kv, out = by.get("kvtiers-fs O_DIRECT"), {}
+    kv, out = by.get("kvtiers-fs O_DIRECT"), dict[str, Any]()
     if kv is None:
         return out
     fio_store = max((by[k]["store_MBps"] for k in (FIO_NEW, FIO_OVER) if k in by),

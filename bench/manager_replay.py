@@ -27,18 +27,23 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
-from kvtiers.bench.workload import Workload, WorkloadSpec
+from kvtiers.bench.workload import Request, Workload, WorkloadSpec
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.plugins import get_registry
+from kvtiers.policies.base import EvictionPolicy
 
 
-def build_events(spec: WorkloadSpec) -> list[tuple[str, object]]:
+def build_events(spec: WorkloadSpec) -> list[tuple[str, Request]]:
     return list(Workload(spec))
 
 
-def replay(events, num_slots: int, policy: str, measure_memory: bool = False) -> dict:
+def replay(
+    events: list[tuple[str, Request]], num_slots: int, policy: str, measure_memory: bool = False
+) -> dict[str, Any]:
     cls = get_registry().get_policy(policy).record.load()
+    assert issubclass(cls, EvictionPolicy), cls
     mgr = TieringOffloadingManager(num_slots, cls.for_slots(num_slots))
     ops = 0
     hits_blocks = 0
@@ -127,7 +132,9 @@ def replay(events, num_slots: int, policy: str, measure_memory: bool = False) ->
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sessions", type=int, default=2000, help="total sessions (default 2000)")
     ap.add_argument("--prefixes", type=int, default=200)
     ap.add_argument("--prefix-tokens", type=int, default=10_000)
@@ -145,7 +152,8 @@ def main() -> int:
     )
     t = time.perf_counter()
     events = build_events(spec)
-    print(f"workload: {len(events)//2} requests built in {time.perf_counter()-t:.1f}s", file=sys.stderr)
+    built_s = time.perf_counter() - t
+    print(f"workload: {len(events)//2} requests built in {built_s:.1f}s", file=sys.stderr)
     if args.trace:
         with open(args.trace, "wb") as f:
             pickle.dump([(k, r.req_id, r.prompt_keys, r.output_keys) for k, r in events], f)
@@ -157,10 +165,16 @@ def main() -> int:
         best["runs_ops_per_s"] = [r["ops_per_s"] for r in runs]
         best["heap_bytes_per_resident_block"] = mem["heap_bytes_per_resident_block"]
         results.append(best)
-    print(f"{'system':10} {'policy':7} {'Mops/s':>7} {'hit%':>6} {'B/blk':>6} {'p50 us':>7} {'p99 us':>7}")
+    print(
+        f"{'system':10} {'policy':7} {'Mops/s':>7} {'hit%':>6} {'B/blk':>6} {'p50 us':>7} "
+        f"{'p99 us':>7}"
+    )
     for r in results:
-        print(f"{r['system']:10} {r['policy']:7} {r['ops_per_s']/1e6:7.2f} {100*r['hit_rate']:6.1f} "
-              f"{r['heap_bytes_per_resident_block']:6.0f} {r['prepare_store_p50_us']:7.1f} {r['prepare_store_p99_us']:7.1f}")
+        print(
+            f"{r['system']:10} {r['policy']:7} {r['ops_per_s']/1e6:7.2f} "
+            f"{100*r['hit_rate']:6.1f} {r['heap_bytes_per_resident_block']:6.0f} "
+            f"{r['prepare_store_p50_us']:7.1f} {r['prepare_store_p99_us']:7.1f}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({

@@ -18,9 +18,10 @@ import json
 import mmap
 import os
 import shutil
-import sys
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def main() -> None:
         headers = mmap.mmap(-1, HEADER * n)
         paths = [str(d / f"b{i:06d}") for i in range(n)]
 
-        def io(name: str, write: bool, new: bool = False):
+        def io(name: str, write: bool, new: bool = False) -> Callable[[int], None]:
             view = memoryview(pools[name])
             where = [p + ".new" for p in paths] if new else paths
 
@@ -88,7 +89,8 @@ def main() -> None:
                     os.sync()
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    thp = [ln.strip() for ln in open("/proc/meminfo") if ln.startswith("AnonHugePages")]
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    thp = [ln.strip() for ln in meminfo if ln.startswith("AnonHugePages")]
     result = {"command": " ".join(["python", *sys.argv]), "blocks": n,
               "threads": args.threads, "runs": args.runs, "meminfo": thp,
               "MBps_median": {k: round(statistics.median(v)) for k, v in got.items()},

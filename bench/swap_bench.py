@@ -26,7 +26,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,7 +82,10 @@ class Runner:
         # GB/s of each job over its own GPU time (its start and end events)
         self.job_rates: dict[str, list[float]] = {}
 
-    def submit(self, direction: str, job_id: int, pages, slots, method: str | None) -> None:
+    def submit(
+        self, direction: str, job_id: int, pages: np.ndarray, slots: np.ndarray,
+        method: str | None,
+    ) -> None:  # fmt: skip
         t0 = time.perf_counter()
         if direction == "store":
             self.swap.submit_store(job_id, pages, slots, method=method)
@@ -95,13 +100,18 @@ class Runner:
         self.submit_seconds, self.submitted = 0.0, 0
         return us
 
-    def job(self, blocks: int, page_range: tuple[int, int], slot_range: tuple[int, int]):
+    def job(
+        self, blocks: int, page_range: tuple[int, int], slot_range: tuple[int, int]
+    ) -> tuple[int, np.ndarray, np.ndarray]:
         p = page_range[0] + self.rng.permutation(page_range[1] - page_range[0])[:blocks]
         s = slot_range[0] + self.rng.permutation(slot_range[1] - slot_range[0])[:blocks]
         self.next_id += 1
         return self.next_id, p, s
 
-    def timed(self, direction: str, jobs: int, blocks: int, method: str | None, **ranges) -> float:
+    def timed(
+        self, direction: str, jobs: int, blocks: int, method: str | None,
+        **ranges: tuple[int, int],
+    ) -> float:  # fmt: skip
         """Bytes/s of `jobs` jobs of `blocks` blocks, all in flight together."""
         page_range = ranges.get("pages", (0, self.pages))
         slot_range = ranges.get("slots", (0, self.slots))
@@ -147,8 +157,8 @@ class Runner:
 # ----------------------------------------------------------------------------- CUDA
 
 
-def environment() -> dict:
-    env: dict = {
+def environment() -> dict[str, Any]:
+    env: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
@@ -172,16 +182,18 @@ def environment() -> dict:
     return env
 
 
-def ceiling(pool_t: torch.Tensor, nbytes: int, runs: int) -> dict:
+def ceiling(pool_t: torch.Tensor, nbytes: int, runs: int) -> dict[str, float]:
     flat = pool_t.view(-1)[:nbytes]
     gpu = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     gpu2 = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    # torch's stubs leave Stream.__new__ and Event.__new__ untyped (the ignores below)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()  # type: ignore[no-untyped-call]
     out = {}
-    for name, fn in (
+    copies: tuple[tuple[str, Callable[[], object]], ...] = (
         ("h2d", lambda: gpu.copy_(flat, non_blocking=True)),
         ("d2h", lambda: flat.copy_(gpu, non_blocking=True)),
-    ):
+    )
+    for name, fn in copies:
         xs = []
         for _ in range(runs):
             torch.cuda.synchronize()
@@ -218,7 +230,8 @@ class Matmul:
         self.flops = 2.0 * n**3 * iters
 
     def launch(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         for _ in range(self.iters):
             torch.matmul(self.a, self.b, out=self.c)
@@ -227,7 +240,8 @@ class Matmul:
 
     def rate(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         end.synchronize()
-        return self.flops / (start.elapsed_time(end) / 1e3)
+        ms: float = start.elapsed_time(end)
+        return self.flops / (ms / 1e3)
 
 
 def loaded_rate(swap: DeviceSwapper, runner: Runner, mm: Matmul, method: str | None,
@@ -240,7 +254,7 @@ def loaded_rate(swap: DeviceSwapper, runner: Runner, mm: Matmul, method: str | N
     t0 = time.perf_counter()
     inflight: set[int] = set()
     half_p, half_s = pages // 2, slots // 2
-    while not end.query():
+    while not end.query():  # type: ignore[no-untyped-call]
         while len(inflight) < 4:
             js, ps, ss = runner.job(blocks, (0, half_p), (0, half_s))
             jl, pl, sl = runner.job(blocks, (half_p, pages), (half_s, slots))
@@ -259,7 +273,7 @@ def loaded_rate(swap: DeviceSwapper, runner: Runner, mm: Matmul, method: str | N
 
 
 def slowdown(swap: DeviceSwapper, runner: Runner, mm: Matmul, method: str | None,
-             blocks: int, pages: int, slots: int, pairs: int) -> dict:  # fmt: skip
+             blocks: int, pages: int, slots: int, pairs: int) -> dict[str, float]:  # fmt: skip
     """Matmul throughput with transfers vs alone, measured in alternation (so clock
     and thermal drift hit both alike), medians of `pairs`."""
     alone, loaded, moved = [], [], []
@@ -278,7 +292,7 @@ def slowdown(swap: DeviceSwapper, runner: Runner, mm: Matmul, method: str | None
     }
 
 
-def cuda_bench(args: argparse.Namespace) -> dict:
+def cuda_bench(args: argparse.Namespace) -> dict[str, Any]:
     from kvtiers.pool import CpuPool
 
     runs = args.runs
@@ -286,7 +300,7 @@ def cuda_bench(args: argparse.Namespace) -> dict:
     slots = args.pages
     blocks = args.blocks
     jobs = args.jobs
-    out: dict = {"environment": environment(), "rows": [], "curve": []}
+    out: dict[str, Any] = {"environment": environment(), "rows": [], "curve": []}
     log("environment:", json.dumps(out["environment"]))
     t0 = time.perf_counter()
     pool = CpuPool(BLOCK_BYTES, slots * BLOCK_BYTES, pin=True)
@@ -314,8 +328,8 @@ def cuda_bench(args: argparse.Namespace) -> dict:
         grid: int | None,
         direction: str,
         gbps: float,
-        extra: dict | None = None,
-    ):
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         ref = {"store": ceil["d2h"], "load": ceil["h2d"]}.get(direction)
         r = {"layout": layout_name, "method": method, "grid": grid, "direction": direction,
              "gbps": gbps / 1e9, "ratio": gbps / ref if ref else None}  # fmt: skip
@@ -334,7 +348,7 @@ def cuda_bench(args: argparse.Namespace) -> dict:
         job_blocks: int = blocks,
         note: str = "",
         dma_flags: int | None = None,
-        **kw: object,
+        **kw: Any,
     ) -> None:
         fixed = None if method == "auto" else method
         if grid is not None:
@@ -348,7 +362,7 @@ def cuda_bench(args: argparse.Namespace) -> dict:
             runner.submit_us()
             runner.job_rates.clear()
             n_jobs = max(jobs, jobs * blocks // job_blocks)  # the same bytes per measurement
-            res = {}
+            res: dict[str, float] = {}
             for direction in ("store", "load"):
                 res[direction] = median(
                     [runner.timed(direction, n_jobs, job_blocks, fixed) for _ in range(runs)]
@@ -361,7 +375,7 @@ def cuda_bench(args: argparse.Namespace) -> dict:
                 ]
             )
             gpu_rate = {d: median(v) / 1e9 for d, v in runner.job_rates.items()}
-            extra: dict = {"job_blocks": job_blocks, "submit_us": submit_us, "note": note}
+            extra: dict[str, Any] = {"job_blocks": job_blocks, "submit_us": submit_us, "note": note}
             extra["job_gpu_gbps"] = gpu_rate
             if method == "auto":
                 extra["chose"] = sorted(swap.stats().methods)
@@ -392,7 +406,7 @@ def cuda_bench(args: argparse.Namespace) -> dict:
         layout, ts = make_kv(kind, pages, "cuda")
         fill(ts)
         log(f"{kind}: {layout.describe()}")
-        configs: list[tuple[str, int | None, int, dict]] = [("dma", None, blocks, {})]
+        configs: list[tuple[str, int | None, int, dict[str, Any]]] = [("dma", None, blocks, {})]
         if kind == "layer":
             configs += [("staged", g, blocks, {}) for g in staged_grids]
             configs += [("kernel", g, blocks, {}) for g in grids]
@@ -420,11 +434,11 @@ def cuda_bench(args: argparse.Namespace) -> dict:
 # ----------------------------------------------------------------------------- CPU
 
 
-def cpu_bench(args: argparse.Namespace) -> dict:
+def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
     runs = args.runs
     pages = args.cpu_pages
     blocks = pages // 2
-    out: dict = {"environment": environment(), "rows": []}
+    out: dict[str, Any] = {"environment": environment(), "rows": []}
     nbytes = blocks * BLOCK_BYTES
     a = torch.empty(nbytes, dtype=torch.uint8)
     b = torch.empty(nbytes, dtype=torch.uint8)
@@ -434,7 +448,7 @@ def cpu_bench(args: argparse.Namespace) -> dict:
     def copy_rate() -> float:
         t0 = time.perf_counter()
         b.copy_(a)
-        rate = nbytes / (time.perf_counter() - t0)
+        rate: float = nbytes / (time.perf_counter() - t0)
         # torch's OpenMP threads spin a while after a parallel copy_; let them sleep
         # before the swapper's threads (numpy, one core each) are timed.
         time.sleep(0.05)

@@ -41,6 +41,7 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import vllm
 from vllm.v1.kv_offload.base import (
@@ -56,7 +57,7 @@ POLICY = "lru"
 KVTIERS_GROUP_BYTES = 4  # kvtiers.keys.GROUP_BYTES: a key is hash + 4-byte group
 
 
-def load_trace(path: Path) -> tuple[list[tuple[str, str, list[bytes]]], dict]:
+def load_trace(path: Path) -> tuple[list[tuple[str, str, list[bytes]]], dict[str, Any]]:
     """Read manager_replay.py's trace and convert its keys to vLLM `OffloadKey`s,
     one object per distinct key. Returns events `(kind, req_id, keys)` (the prompt
     keys for a start, the output keys for a finish) and a description of the trace."""
@@ -100,8 +101,9 @@ def load_trace(path: Path) -> tuple[list[tuple[str, str, list[bytes]]], dict]:
     return events, info
 
 
-def replay(events, num_slots: int, *, positions: bool = True, block_tokens: int = 16,
-           measure_memory: bool = False) -> dict:
+def replay(events: list[tuple[str, str, list[bytes]]], num_slots: int, *,
+           positions: bool = True, block_tokens: int = 16,
+           measure_memory: bool = False) -> dict[str, Any]:
     mgr = CPUOffloadingManager(num_chunks=num_slots, cache_policy=POLICY)
     HIT, MISS = LookupResult.HIT, LookupResult.MISS
     lookup, on_new_request = mgr.lookup, mgr.on_new_request

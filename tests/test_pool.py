@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import importlib
 import itertools
 import mmap
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import kvtiers
 import pytest
@@ -29,7 +32,7 @@ from kvtiers.pool import (
     plan_pools,
 )
 from kvtiers.pool_memory import HEADER_BYTES, SHM_DIR, MemoryLimits, shm_path
-from kvtiers.pool_pinning import Prefaulter
+from kvtiers.pool_pinning import CudaBackend, Prefaulter
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 PID = os.getpid()
@@ -49,13 +52,25 @@ def our_shm_files() -> set[str]:
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_shm_files():
+def no_leftover_shm_files() -> Iterator[None]:
     before = our_shm_files()
     yield
     leftover = our_shm_files() - before
     for path in leftover:  # clean up so one failure does not cascade
         os.unlink(path)
     assert not leftover, f"left in {SHM_DIR}: {sorted(leftover)}"
+
+
+def path_of(pool: CpuPool) -> str:
+    """The /dev/shm file of a shared pool."""
+    assert pool.path is not None and pool.name is not None, f"{pool} is not shared"
+    return pool.path
+
+
+def name_of(pool: CpuPool) -> str:
+    """The name a shared pool is attached by."""
+    assert pool.name is not None, f"{pool} is not shared"
+    return pool.name
 
 
 def address(buffer: memoryview) -> int:
@@ -85,10 +100,10 @@ def physical_ram() -> int:
 
 
 @pytest.fixture
-def no_allocation(monkeypatch):
+def no_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if anything tries to map or create pool memory."""
 
-    def refuse(*args, **kwargs):
+    def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("memory was allocated before the size check refused")
 
     monkeypatch.setattr(mmap, "mmap", refuse)
@@ -101,7 +116,7 @@ def no_allocation(monkeypatch):
 
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("block_bytes", [1, 4096, 5000, 70_000])
-def test_sizes_and_alignment(shared, block_bytes):
+def test_sizes_and_alignment(shared: bool, block_bytes: int) -> None:
     budget = 2 * MiB + 123
     with CpuPool(block_bytes, budget, shared=shared, pin=False) as pool:
         slot = -(-block_bytes // 4096) * 4096
@@ -125,7 +140,7 @@ def test_sizes_and_alignment(shared, block_bytes):
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_tensor_and_view_share_memory(shared):
+def test_tensor_and_view_share_memory(shared: bool) -> None:
     with CpuPool(5000, 1 * MiB, shared=shared, pin=False) as pool:
         t = pool.tensor()
         # tensor -> view
@@ -141,7 +156,7 @@ def test_tensor_and_view_share_memory(shared):
         assert torch.equal(t[2], before[2]) and torch.equal(t[4], before[4])
 
 
-def test_importing_and_using_the_pool_does_not_import_torch():
+def test_importing_and_using_the_pool_does_not_import_torch() -> None:
     code = (
         "import sys\n"
         "import kvtiers, kvtiers.pool, kvtiers.pool_groups\n"
@@ -173,7 +188,7 @@ sys.stdout.buffer.write(written)
 """
 
 
-def test_shared_pool_across_processes():
+def test_shared_pool_across_processes() -> None:
     name, n, block = unique_name(), 6, 6000
     with CpuPool(block, 1 * MiB, shared=True, name=name, pin=False) as pool:
         assert pool.name == name and pool.path == shm_path(name)
@@ -189,7 +204,7 @@ def test_shared_pool_across_processes():
     assert not os.path.exists(path)
 
 
-def test_attach_in_process_sees_same_bytes_and_leaves_the_file():
+def test_attach_in_process_sees_same_bytes_and_leaves_the_file() -> None:
     name = unique_name()
     with CpuPool(4096, 256 * KiB, shared=True, name=name, pin=False) as creator:
         data = fill_random(creator, range(5))
@@ -200,11 +215,11 @@ def test_attach_in_process_sees_same_bytes_and_leaves_the_file():
         assert bytes(creator.view.block(9)) == payload
         other.close()
         other.close()
-        assert os.path.exists(creator.path)
+        assert os.path.exists(path_of(creator))
         assert CpuPool.attach(name, pin=False).block_bytes == 4096  # geometry from header
 
 
-def test_attach_errors():
+def test_attach_errors() -> None:
     with pytest.raises(FileNotFoundError, match="no shared CPU pool"):
         CpuPool.attach(unique_name(), 4096, pin=False)
     name = unique_name()
@@ -215,7 +230,7 @@ def test_attach_errors():
             CpuPool.attach(name, 5000, num_slots=9, pin=False)
         with pytest.raises(FileExistsError, match="exists already"):
             CpuPool(5000, 64 * KiB, shared=True, name=name, pin=False)
-        assert os.path.exists(pool.path)
+        assert os.path.exists(path_of(pool))
     for bad in ("", "../etc", "a/b", ".hidden", "x" * 201):
         with pytest.raises(ValueError, match="pool name"):
             CpuPool.attach(bad, pin=False)
@@ -231,7 +246,7 @@ def test_attach_errors():
         (os.urandom(100), "not a kvtiers CPU pool"),
     ],
 )
-def test_attach_refuses_files_that_are_not_ready_pools(content, message):
+def test_attach_refuses_files_that_are_not_ready_pools(content: bytes, message: str) -> None:
     name = unique_name()
     path = shm_path(name)
     Path(path).write_bytes(content)
@@ -242,7 +257,7 @@ def test_attach_refuses_files_that_are_not_ready_pools(content, message):
         os.unlink(path)
 
 
-def test_attach_does_not_follow_symlinks(tmp_path):
+def test_attach_does_not_follow_symlinks(tmp_path: Path) -> None:
     target = tmp_path / "target"
     target.write_bytes(os.urandom(8 * KiB))
     name = unique_name()
@@ -258,7 +273,9 @@ def test_attach_does_not_follow_symlinks(tmp_path):
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_refuses_more_than_physical_ram_before_allocating(shared, no_allocation):
+def test_refuses_more_than_physical_ram_before_allocating(
+    shared: bool, no_allocation: None
+) -> None:
     ask = 10 * physical_ram()
     started = time.monotonic()
     with pytest.raises(PoolSizeError, match="physical memory") as info:
@@ -268,14 +285,18 @@ def test_refuses_more_than_physical_ram_before_allocating(shared, no_allocation)
     assert isinstance(info.value, ValueError) and isinstance(info.value, kvtiers.KvtiersError)
 
 
-def test_refuses_more_than_available_memory(monkeypatch, no_allocation):
+def test_refuses_more_than_available_memory(
+    monkeypatch: pytest.MonkeyPatch, no_allocation: None
+) -> None:
     monkeypatch.setattr(pool_memory, "memory_limits", lambda: MemoryLimits(64 * GiB, 1 * MiB, None))
     with pytest.raises(PoolSizeError, match="MemAvailable") as info:
         CpuPool(4096, 2 * MiB, pin=False)
     assert "1 MiB" in str(info.value) and "64 GiB" in str(info.value)
 
 
-def test_refuses_more_than_cgroup_limit(monkeypatch, no_allocation):
+def test_refuses_more_than_cgroup_limit(
+    monkeypatch: pytest.MonkeyPatch, no_allocation: None
+) -> None:
     monkeypatch.setattr(
         pool_memory, "memory_limits", lambda: MemoryLimits(64 * GiB, 60 * GiB, 4 * GiB)
     )
@@ -283,10 +304,10 @@ def test_refuses_more_than_cgroup_limit(monkeypatch, no_allocation):
         CpuPool(4096, 5 * GiB, pin=False)
 
 
-def test_refuses_shared_pool_larger_than_shm_free_space(monkeypatch):
+def test_refuses_shared_pool_larger_than_shm_free_space(monkeypatch: pytest.MonkeyPatch) -> None:
     real_statvfs = os.statvfs
 
-    def small_shm(path):
+    def small_shm(path: Any) -> os.statvfs_result:
         if os.path.realpath(path) != os.path.realpath(SHM_DIR):
             return real_statvfs(path)
         # 8 MiB in all, 1 MiB free, in 4 KiB blocks
@@ -302,7 +323,7 @@ def test_refuses_shared_pool_larger_than_shm_free_space(monkeypatch):
         assert private.num_slots == 512
 
 
-def test_zero_slots_is_an_error():
+def test_zero_slots_is_an_error() -> None:
     with pytest.raises(PoolSizeError, match="raise cpu_bytes_to_use to at least 8192"):
         CpuPool(5000, 8191, pin=False)
     with pytest.raises(PoolSizeError):
@@ -313,7 +334,7 @@ def test_zero_slots_is_an_error():
         CpuPool(4096, -1, pin=False)
 
 
-def test_check_of_real_limits_accepts_a_small_pool():
+def test_check_of_real_limits_accepts_a_small_pool() -> None:
     pool_memory.check_pool_fits(MiB, shm_dir=SHM_DIR)
     limits = pool_memory.memory_limits()
     assert 0 < limits.available <= limits.physical
@@ -322,7 +343,7 @@ def test_check_of_real_limits_accepts_a_small_pool():
 # ---------------------------------------------------------------------- lifetime
 
 
-def test_close_is_idempotent_and_unlinks_the_file():
+def test_close_is_idempotent_and_unlinks_the_file() -> None:
     pool = CpuPool(4096, 64 * KiB, shared=True, pin=False)
     path = pool.path
     assert path is not None and os.path.exists(path)
@@ -336,25 +357,25 @@ def test_close_is_idempotent_and_unlinks_the_file():
         pool.tensor()
 
 
-def test_context_manager_closes():
+def test_context_manager_closes() -> None:
     with CpuPool(4096, 64 * KiB, shared=True, pin=False) as pool:
-        path = pool.path
+        path = path_of(pool)
     assert pool.closed and not os.path.exists(path)
 
 
-def test_live_tensor_keeps_its_memory_after_close():
+def test_live_tensor_keeps_its_memory_after_close() -> None:
     pool = CpuPool(4096, 64 * KiB, shared=True, pin=False)
     t = pool.tensor()
     data = fill_random(pool, range(2))
     pool.close()
-    assert not os.path.exists(shm_path(pool.name))
+    assert not os.path.exists(shm_path(name_of(pool)))
     assert bytes(t[1].numpy()) == data[1]  # still mapped: no crash, same bytes
     del t
 
 
-def test_unclosed_pool_is_cleaned_up_when_collected():
+def test_unclosed_pool_is_cleaned_up_when_collected() -> None:
     pool = CpuPool(4096, 64 * KiB, shared=True, pin=False)
-    path = pool.path
+    path = path_of(pool)
     del pool
     import gc
 
@@ -362,7 +383,7 @@ def test_unclosed_pool_is_cleaned_up_when_collected():
     assert not os.path.exists(path)
 
 
-def test_close_unmaps_unless_something_still_uses_the_memory():
+def test_close_unmaps_unless_something_still_uses_the_memory() -> None:
     pool = CpuPool(4096, 64 * KiB, pin=False)
     del_me = pool.tensor()
     del del_me
@@ -384,7 +405,7 @@ def test_close_unmaps_unless_something_still_uses_the_memory():
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_progress_grows_to_the_total(shared):
+def test_progress_grows_to_the_total(shared: bool) -> None:
     calls: list[tuple[int, int]] = []
     with CpuPool(
         12 * KiB, 1 * MiB, shared=shared, pin=False, prefault=True, chunk_bytes=64 * KiB,
@@ -398,14 +419,14 @@ def test_progress_grows_to_the_total(shared):
         assert {total for _, total in calls} == {pool.nbytes}
 
 
-def test_progress_once_when_nothing_to_prepare():
+def test_progress_once_when_nothing_to_prepare() -> None:
     calls: list[tuple[int, int]] = []
     with CpuPool(4096, 64 * KiB, pin=False, progress=lambda *a: calls.append(a)) as pool:
         assert calls == [(pool.nbytes, pool.nbytes)]
 
 
-def test_failing_progress_aborts_and_cleans_up():
-    def stop(done, total):
+def test_failing_progress_aborts_and_cleans_up() -> None:
+    def stop(done: int, total: int) -> None:
         raise KeyboardInterrupt
 
     name = unique_name()
@@ -414,11 +435,11 @@ def test_failing_progress_aborts_and_cleans_up():
     assert not os.path.exists(shm_path(name))
 
 
-def test_prefault_fallback_keeps_contents():
+def test_prefault_fallback_keeps_contents() -> None:
     """Kernels before 5.14 lack MADV_POPULATE_WRITE: the fallback touches pages."""
     with CpuPool(4096, 256 * KiB, shared=True, pin=False) as pool:
         data = fill_random(pool, range(pool.num_slots))
-        attached = CpuPool.attach(pool.name, pin=False)
+        attached = CpuPool.attach(name_of(pool), pin=False)
         prefault = Prefaulter(attached._backing.mm, fresh=False)
         prefault._madvise = False
         prefault(0, attached.nbytes)
@@ -435,7 +456,7 @@ def test_prefault_fallback_keeps_contents():
 # ------------------------------------------------------------------------ pinning
 
 
-def test_pin_options_without_cuda():
+def test_pin_options_without_cuda() -> None:
     if CUDA:
         pytest.skip("this machine has CUDA")
     with CpuPool(4096, 64 * KiB, pin="auto") as pool:
@@ -477,14 +498,14 @@ class FakeCudaRuntime:
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch):
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeCudaRuntime:
     fake = FakeCudaRuntime()
     monkeypatch.setattr(pool_module, "resolve_pin", lambda pin: True)
     monkeypatch.setattr(pool_pinning, "cuda_runtime", lambda backend: fake)
     return fake
 
 
-def test_registration_in_slot_aligned_chunks_undone_on_close(fake_cuda):
+def test_registration_in_slot_aligned_chunks_undone_on_close(fake_cuda: FakeCudaRuntime) -> None:
     calls: list[tuple[int, int]] = []
     pool = CpuPool(12 * KiB, 1 * MiB, chunk_bytes=64 * KiB, progress=lambda *a: calls.append(a))
     assert pool.pinned
@@ -500,7 +521,7 @@ def test_registration_in_slot_aligned_chunks_undone_on_close(fake_cuda):
     assert unregistered == [ptr for ptr, _ in reversed(ranges)]
 
 
-def test_failed_registration_undoes_everything(fake_cuda):
+def test_failed_registration_undoes_everything(fake_cuda: FakeCudaRuntime) -> None:
     fake_cuda.fail_at = 2
     name = unique_name()
     with pytest.raises(PinError, match=r"failed: out of memory \(2\).*chunk_bytes"):
@@ -509,11 +530,10 @@ def test_failed_registration_undoes_everything(fake_cuda):
     assert not os.path.exists(shm_path(name))
 
 
-def cuda_backends() -> list[str]:
-    backends = ["torch"]
+def cuda_backends() -> list[CudaBackend]:
+    backends: list[CudaBackend] = ["torch"]
     try:
-        import cuda.bindings.runtime  # noqa: F401
-
+        importlib.import_module("cuda.bindings.runtime")
         backends.append("cuda-python")
     except ImportError:
         pass
@@ -523,7 +543,7 @@ def cuda_backends() -> list[str]:
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("backend", cuda_backends())
-def test_cuda_pinned_pool_round_trip(backend):
+def test_cuda_pinned_pool_round_trip(backend: CudaBackend) -> None:
     calls: list[tuple[int, int]] = []
     with CpuPool(
         40 * KiB, 4 * MiB, pin=True, chunk_bytes=256 * KiB, cuda_backend=backend,
@@ -553,7 +573,7 @@ def test_cuda_pinned_pool_round_trip(backend):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-def test_cuda_worker_attaches_and_pins_a_shared_pool():
+def test_cuda_worker_attaches_and_pins_a_shared_pool() -> None:
     child = """
 import sys, torch
 from kvtiers.pool import CpuPool
@@ -579,7 +599,7 @@ FULL = BlockGeometry(layers=1, kv_heads=1, head_size=64, dtype="float16", tokens
 OTHER = BlockGeometry(layers=5, kv_heads=2, head_size=64, dtype="float16", tokens_per_block=16)
 
 
-def test_hybrid_split_gives_every_group_the_same_number_of_blocks():
+def test_hybrid_split_gives_every_group_the_same_number_of_blocks() -> None:
     assert (FULL.block_bytes, OTHER.block_bytes) == (16 * KiB, 40 * KiB)
     groups = [FULL, OTHER, FULL]
     budget = 1 * MiB
@@ -601,20 +621,20 @@ def test_hybrid_split_gives_every_group_the_same_number_of_blocks():
             pools.pool_for_group(-1)
 
 
-def test_hybrid_one_size_is_one_pool():
+def test_hybrid_one_size_is_one_pool() -> None:
     with CpuPools([FULL, FULL], 1 * MiB, pin=False) as pools:
         assert len(pools) == 1 and pools.pools[0].num_slots == 64
         assert pools.blocks_per_group == 32
 
 
-def test_hybrid_refusals(no_allocation):
+def test_hybrid_refusals(no_allocation: None) -> None:
     with pytest.raises(PoolSizeError, match="one block of each of the 3 KV groups"):
         CpuPools([FULL, OTHER, FULL], 70 * KiB, pin=False)
     with pytest.raises(PoolSizeError, match="physical memory"):
         CpuPools([FULL, OTHER], 10 * physical_ram(), shared=True, name=unique_name(), pin=False)
 
 
-def test_hybrid_shared_attach_and_progress():
+def test_hybrid_shared_attach_and_progress() -> None:
     name = unique_name()
     calls: list[tuple[int, int]] = []
     with CpuPools(
@@ -627,7 +647,7 @@ def test_hybrid_shared_attach_and_progress():
         with CpuPools.attach(name, [FULL, OTHER], pin=False) as attached:
             assert [p.num_slots for p in attached] == [p.num_slots for p in pools]
             assert [bytes(attached.pool_for_group(1).view.block(s)) for s in range(3)] == data
-        paths = [p.path for p in pools]
+        paths = [path_of(p) for p in pools]
         assert all(os.path.exists(p) for p in paths)
     assert not any(os.path.exists(p) for p in paths)
     with pytest.raises(FileNotFoundError):
@@ -650,7 +670,7 @@ def _thp_eligible(address: int) -> bool | None:
 
 @pytest.mark.skipif(
     not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")
-    or "[never]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read(),
+    or "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(),
     reason="transparent huge pages are off on this machine",
 )
 def test_an_anonymous_pool_asks_for_huge_pages() -> None:

@@ -7,17 +7,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.keys import make_key
 from kvtiers.lookup import LookupResult
 from kvtiers.probe import AsyncProbe
 
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
+
+MakeProbe = Callable[..., AsyncProbe]  # make_probe(backend, **AsyncProbe options)
 
 
 def k(i: int) -> bytes:
@@ -58,7 +59,7 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def make_probe(clock: ManualClock) -> Iterator[Any]:
+def make_probe(clock: ManualClock) -> Iterator[MakeProbe]:
     made: list[tuple[AsyncProbe, Any]] = []
 
     def make(backend: Any, **kwargs: Any) -> AsyncProbe:
@@ -74,7 +75,7 @@ def make_probe(clock: ManualClock) -> Iterator[Any]:
         probe.close()
 
 
-def test_retry_then_hit_or_miss(make_probe):
+def test_retry_then_hit_or_miss(make_probe: MakeProbe) -> None:
     backend = Backend()
     backend.exists.add(k(1))
     probe = make_probe(backend)
@@ -87,7 +88,7 @@ def test_retry_then_hit_or_miss(make_probe):
     assert probe.idle()
 
 
-def test_one_batch_per_burst_of_checks(make_probe):
+def test_one_batch_per_burst_of_checks(make_probe: MakeProbe) -> None:
     backend = Backend(gated=True)
     probe = make_probe(backend)
     assert probe.check(k(0)) is RETRY
@@ -106,7 +107,7 @@ def test_one_batch_per_burst_of_checks(make_probe):
     assert probe.batches == 2  # answered from the cache
 
 
-def test_a_key_asked_again_while_its_probe_runs_is_not_probed_twice(make_probe):
+def test_a_key_asked_again_while_its_probe_runs_is_not_probed_twice(make_probe: MakeProbe) -> None:
     """bug: check() re-queues a key whose probe is in flight (the batch was taken
     off the queue, its verdict not stored yet), so a slow backend probes every key
     at least twice when the engine asks again each step."""
@@ -121,7 +122,7 @@ def test_a_key_asked_again_while_its_probe_runs_is_not_probed_twice(make_probe):
     assert backend.probed(k(1)) == 1, f"probed in batches {backend.batches}"
 
 
-def test_verdicts_expire_after_their_ttl(make_probe, clock):
+def test_verdicts_expire_after_their_ttl(make_probe: MakeProbe, clock: ManualClock) -> None:
     backend = Backend()
     backend.exists.add(k(1))
     probe = make_probe(backend, hit_ttl_s=60, miss_ttl_s=1)
@@ -145,7 +146,7 @@ def test_verdicts_expire_after_their_ttl(make_probe, clock):
     assert probe.check(k(1)) is MISS
 
 
-def test_record_and_forget(make_probe, clock):
+def test_record_and_forget(make_probe: MakeProbe, clock: ManualClock) -> None:
     backend = Backend(gated=True)
     probe = make_probe(backend, hit_ttl_s=10, miss_ttl_s=2)
     probe.record(k(1), True)  # the tier just wrote it
@@ -165,7 +166,9 @@ def test_record_and_forget(make_probe, clock):
     assert probe.check(k(3)) is MISS
 
 
-def test_a_failing_probe_answers_misses_and_is_logged(make_probe, clock, caplog):
+def test_a_failing_probe_answers_misses_and_is_logged(
+    make_probe: MakeProbe, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
     backend = Backend()
     backend.exists.add(k(1))
     backend.fail = True
@@ -185,7 +188,7 @@ def test_a_failing_probe_answers_misses_and_is_logged(make_probe, clock, caplog)
     assert probe.check(k(1)) is HIT
 
 
-def test_extra_keys_from_the_probe_function_are_ignored(make_probe):
+def test_extra_keys_from_the_probe_function_are_ignored(make_probe: MakeProbe) -> None:
     probe = make_probe(lambda keys: [*keys, k(50)])  # claims a key nobody asked about
     assert probe.check(k(1)) is RETRY
     assert probe.wait_idle(10)
@@ -193,7 +196,7 @@ def test_extra_keys_from_the_probe_function_are_ignored(make_probe):
     assert probe.check(k(50)) is RETRY  # not cached from a batch it was not in
 
 
-def test_close_when_idle_is_prompt_and_later_checks_miss(make_probe):
+def test_close_when_idle_is_prompt_and_later_checks_miss(make_probe: MakeProbe) -> None:
     backend = Backend()
     probe = make_probe(backend)
     start = time.monotonic()
@@ -205,7 +208,7 @@ def test_close_when_idle_is_prompt_and_later_checks_miss(make_probe):
     probe.close()  # idempotent
 
 
-def test_close_is_prompt_while_a_probe_hangs(make_probe):
+def test_close_is_prompt_while_a_probe_hangs(make_probe: MakeProbe) -> None:
     """bug: close() joins the probe thread without a timeout; a probe stuck on the
     network (a hung HEAD request) makes the tier's close, and the engine's
     shutdown, hang with it. The thread is a daemon: close need not wait for it."""
@@ -223,7 +226,7 @@ def test_close_is_prompt_while_a_probe_hangs(make_probe):
     assert probe.check(k(2)) is MISS
 
 
-def test_after_close_even_cached_verdicts_are_misses(make_probe):
+def test_after_close_even_cached_verdicts_are_misses(make_probe: MakeProbe) -> None:
     """bug (small): check() after close() still answers HIT from the cache; a
     closed tier then looks like it has blocks it can no longer load."""
     probe = make_probe(Backend())
@@ -232,7 +235,7 @@ def test_after_close_even_cached_verdicts_are_misses(make_probe):
     assert probe.check(k(1)) is MISS
 
 
-def test_the_verdict_cache_is_bounded(make_probe):
+def test_the_verdict_cache_is_bounded(make_probe: MakeProbe) -> None:
     backend = Backend()
     probe = make_probe(backend, max_cached=3)
     for i in range(5):

@@ -4,15 +4,20 @@ its JSON. Tiny geometry and workload: each run takes a couple of seconds."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from .conftest import TINY, kvtiers, small_pool, write_config
+from .conftest import REPO, TINY, kvtiers, small_pool, write_config
 
 
-def _load(path: Path) -> dict:
-    return json.loads(path.read_text())
+def _load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
 
 
 def test_json_has_per_tier_hits_misses_bytes_and_throughput(tmp_path: Path) -> None:
@@ -193,3 +198,69 @@ def test_compare_runs_three_stacks_side_by_side(tmp_path: Path, layout: str) -> 
     assert rows["served from secondary tiers"][2] > 0 == rows["served from secondary tiers"][1]
     saved = rows["prefill saved vs no offloading (s)"]
     assert saved[0] == 0 and saved[2] == pytest.approx((none - full) * 50e-6)
+
+
+def _kvtiers_env(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvtiers", *args],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, **env},
+    )
+
+
+def test_output_destinations_are_checked_before_the_run(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = {
+        ("--json", str(a_file / "out.json")):
+            f"error: --json {a_file}/out.json: {str(a_file)!r} is a file, so no directory "
+            "can be made there",
+        ("--json", str(tmp_path)):
+            f"error: --json {tmp_path}: is a directory; give a file name in it",
+        ("--plot", str(tmp_path / "out.txt")):
+            f"error: --plot {tmp_path}/out.txt: '.txt' is not an image format; matplotlib writes ",
+        ("--plot", str(tmp_path / "deep" / "dir" / "out.png"), "--model-check"):
+            "error: --plot draws a bench run over time; --model-check has none",
+    }
+    for args, start in cases.items():
+        done = kvtiers("bench", *TINY, "--tmp-dir", str(tmp_path), *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stdout == ""  # refused before the run printed its header
+        assert done.stderr.startswith(start), done.stderr
+        assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing created
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path: Path) -> None:
+    blocker = tmp_path / "no-matplotlib" / "matplotlib"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    path = os.pathsep.join([str(blocker.parent), os.environ.get("PYTHONPATH", "")])
+    done = _kvtiers_env("bench", *TINY, "--plot", str(tmp_path / "p.png"), PYTHONPATH=path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "error: --plot needs matplotlib, which is not installed here: install kvtiers-core's "
+        "`plot` extra (`pip install './kvtiers-core[plot]'` in a checkout of the kvtiers "
+        "repository, or `pip install matplotlib`), or leave --plot out\n"
+    )
+
+
+def test_core_alone_says_which_distribution_provides_the_fs_tier(tmp_path: Path) -> None:
+    hint = (
+        "install kvtiers-fs to use type 'fs' (not published yet: `pip install ./kvtiers-fs` in "
+        "a checkout of the kvtiers repository, after kvtiers-core)"
+    )
+    alone = {"KVTIERS_PLUGINS_ALLOW": "none-at-all"}  # the core's built-ins only
+    done = _kvtiers_env("bench", *TINY, "--tmp-dir", str(tmp_path), **alone)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(
+        "error: without --config, kvtiers bench runs a CPU pool and an fs tier, and no fs tier "
+        f"is installed (kvtiers-core alone has the memory and faulty tiers): {hint}; or pass "
+        "--config with the tiers you have"
+    )
+    check = _kvtiers_env("bench", "--model-check", "--tmp-dir", str(tmp_path), **alone)
+    assert check.returncode == 2 and check.stdout == ""
+    assert check.stderr.startswith(
+        "error: --model-check reloads the model's KV from an fs tier (its third run), and no "
+        f"fs tier is installed (kvtiers-core alone has the memory and faulty tiers): {hint}"
+    )
+    assert list(tmp_path.iterdir()) == []

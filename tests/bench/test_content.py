@@ -75,10 +75,10 @@ def test_key_words_handle_mixed_lengths_like_uniform_ones() -> None:
 def test_page_allocator_reuses_freed_pages_last() -> None:
     alloc = PageAllocator(6)
     a = alloc.alloc(4)
-    assert a.tolist() == [0, 1, 2, 3] and alloc.free == 2
+    assert a is not None and a.tolist() == [0, 1, 2, 3] and alloc.free == 2
     assert alloc.alloc(3) is None
     alloc.release(a[:2])
     b = alloc.alloc(4)
-    assert b.tolist() == [4, 5, 0, 1]  # FIFO: the freshly freed pages come last
+    assert b is not None and b.tolist() == [4, 5, 0, 1]  # FIFO: the freshly freed pages come last
     with pytest.raises(AssertionError):
         alloc.release(np.arange(7))

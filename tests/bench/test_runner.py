@@ -3,12 +3,14 @@ whose pool copy is damaged behind everyone's back stops the run with its key."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from kvtiers.bench.engine import pages_for
 from kvtiers.bench.presets import geometry_from
 from kvtiers.bench.runner import Replay
-from kvtiers.bench.stack import BenchIntegrityError, build_stack
+from kvtiers.bench.stack import BenchIntegrityError, Stack, build_stack
 from kvtiers.bench.workload import WorkloadSpec
 from kvtiers.config import load_config
 
@@ -26,7 +28,7 @@ SPEC = WorkloadSpec(
 )
 
 
-def _stack(tiers: list | None = None, slots: int = 64):
+def _stack(tiers: list[dict[str, Any]] | None = None, slots: int = 64) -> Stack:
     config = load_config({"cpu_bytes_to_use": small_pool(slots), "secondary_tiers": tiers or []})
     pages = pages_for(3, 96, 32, 32, 3, 16)
     return build_stack(config, geometry_from("tiny"), pages, device=torch.device("cpu"))
@@ -36,6 +38,7 @@ def test_every_prompt_token_is_served_or_recomputed_and_every_load_verified() ->
     stack = _stack([{"type": "memory", "capacity_bytes": 16 << 20}], slots=24)
     try:
         result = Replay(stack, SPEC, label="t").run()
+        assert stack.manager is not None
         stack.manager.drain(10)  # cascades and late promotions end
         pinned = stack.manager.stats()["pool"]["pinned"]
     finally:
@@ -58,19 +61,22 @@ def test_no_offloading_recomputes_everything() -> None:
     assert result.hit_rate() == 0
 
 
-def test_a_pool_slot_damaged_behind_the_managers_back_stops_the_run() -> None:
+def test_a_pool_slot_damaged_behind_the_managers_back_stops_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     stack = _stack()
-    slots = stack.pool.tensor()
+    assert stack.pool is not None and stack.manager is not None
+    manager, slots = stack.manager, stack.pool.tensor()
     replay = Replay(stack, SPEC, label="t")
     original = replay._admit
 
-    def admit(live, n, **kw):  # flip a byte in the slot of the first hit, before its load
+    def admit(live: Any, n: int, **kw: Any) -> None:  # flip a byte of the first hit's slot
         if n:
-            slot = stack.manager.slot_of(live.req.prompt_keys[0])
+            slot = manager.slot_of(live.req.prompt_keys[0])
             slots[slot, 100] ^= 0xFF
         original(live, n, **kw)
 
-    replay._admit = admit
+    monkeypatch.setattr(replay, "_admit", admit)
     try:
         with pytest.raises(BenchIntegrityError, match="was stored there from the GPU by this run"):
             replay.run()

@@ -4,6 +4,7 @@ stderr, and no torch imported on the way."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,79 @@ def test_validate_imports_no_torch() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "RESULT 0 0 []"
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
+    # `kvtiers validate --json CFG | head -2`, for every command that prints.
+    for args in (["validate", "--json", EXAMPLE], ["validate", "--show", EXAMPLE],
+                 ["plugins", "--json"], ["plugins", "--options", "faulty"]):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvtiers", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            env={**os.environ, "COLUMNS": "80"},
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        # Closed before the command (still starting) writes a byte: `head` leaving.
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141, (args, err)  # 128 + SIGPIPE, as `yes | head`
+        assert "Traceback" not in err and "BrokenPipe" not in err, (args, err)
+
+
+def test_validate_show_lists_every_option_with_defaults_marked() -> None:
+    done = kvtiers("validate", "--show", EXAMPLE)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"valid: {EXAMPLE} (kvtiers config)"
+    assert "cpu_bytes_to_use          2147483648 (2 GiB)" in lines
+    assert 'eviction_policy           "lru"  (default)' in lines
+    assert "breaker.failures          5  (default)" in lines
+    assert "secondary_tiers           2 tiers" in lines
+    assert "  [1]                     faulty (kvtiers-core " in done.stdout
+    assert "    inner                 memory (kvtiers-core " in done.stdout
+    assert "      threads             1  (default)" in lines
+    assert '    ops                   ["load", "store", "lookup"]  (default)' in lines
+
+
+def test_notes_are_printed_with_errors_too() -> None:
+    doc = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": "1G",
+            "secondary_tiers": [{"type": "fs", "root_dir": "/does/not/exist"}],
+        },
+    }
+    done = kvtiers("validate", "--skip-machine-checks", json.dumps(doc))
+    assert done.returncode == 2
+    err = done.stderr.splitlines()
+    assert err[0].startswith(
+        "note: $.kv_connector_extra_config.secondary_tiers[0].capacity_bytes: not set (vLLM's "
+        "tier section has no such key); derived where this config is loaded with machine checks"
+    )
+    assert err[1].startswith('error: $.kv_connector_extra_config.cpu_bytes_to_use: expected ')
+
+
+def test_the_crashes_an_operator_found_are_clear_errors() -> None:
+    big = "1" + "0" * 400
+    cases = {
+        json.dumps({"kv_connector": ["x"], "kv_role": "kv_both"}):
+            'error: $.kv_connector: expected a string or null, found ["x"] (array)',
+        f'{{"cpu_bytes_to_use": {big}}}': "error: $.cpu_bytes_to_use: an integer of 401 digits",
+        "": "error: $: the config is an empty string",
+    }
+    for arg, first in cases.items():
+        for extra in ([], ["--skip-machine-checks"]):
+            done = kvtiers("validate", *extra, arg)
+            assert done.returncode == 2, (arg, done.stderr)
+            assert done.stderr.splitlines()[0].startswith(first), done.stderr
+            assert "Traceback" not in done.stderr
+
+
+def test_skip_machine_checks_help_says_what_it_skips() -> None:
+    done = kvtiers("validate", "--help")
+    text = " ".join(done.stdout.split())
+    assert "its memory, each tier's directories and their filesystems" in text

@@ -108,9 +108,9 @@ def test_typos_in_a_vllm_config_are_warnings_with_did_you_mean(load) -> None:
     ) in cfg.warnings
 
 
-def test_spec_and_connector_mismatch_are_warnings(load) -> None:
+def test_configs_vllm_would_not_route_to_kvtiers_are_errors(problems, load) -> None:
     extra = {k: v for k, v in EXTRA.items() if k != "spec_name"}
-    cfg = load(
+    got = problems(
         {
             "kv_connector": "LMCacheConnectorV1",
             "kv_role": "kv_both",
@@ -119,23 +119,89 @@ def test_spec_and_connector_mismatch_are_warnings(load) -> None:
             "kv_colour": "blue",
         }
     )
-    assert cfg.warnings[:3] == (
+    assert got == [
+        '$.kv_connector: is "LMCacheConnectorV1"; vLLM hands kv_connector_extra_config to '
+        "that connector, and kvtiers reads it only as the options of vLLM's "
+        'OffloadingConnector: set "kv_connector": "OffloadingConnector"',
+        "$.kv_connector_extra_config.spec_name: missing; vLLM then builds CPUOffloadingSpec, "
+        "which has no secondary tiers and never reads these options as kvtiers does: set "
+        '"spec_name": "TieringOffloadingSpec" or "KvtiersOffloadingSpec"',
+    ]
+    # Another spec, or the tiering spec imported from someone else's module.
+    assert problems({**EXTRA, "spec_name": "CPUOffloadingSpec"}) == [
+        '$.spec_name: is "CPUOffloadingSpec": vLLM builds that spec, which does not read '
+        'these options as kvtiers does: set "spec_name": "TieringOffloadingSpec" or '
+        '"KvtiersOffloadingSpec"'
+    ]
+    assert problems({**EXTRA, "spec_module_path": "my_plugins.spec"}) == [
+        '$.spec_module_path: is "my_plugins.spec": vLLM would import TieringOffloadingSpec '
+        "from that module, a class kvtiers knows nothing of; remove spec_module_path (vLLM "
+        "finds TieringOffloadingSpec by name), or name a module of vllm"
+    ]
+    [line] = problems({**TRANSFER, "kv_connector_module_path": "lmcache.connector"})
+    assert line.startswith('$.kv_connector_module_path: is "lmcache.connector": vLLM would ')
+    [line] = problems({k: v for k, v in TRANSFER.items() if k != "kv_role"})
+    assert line.startswith("$.kv_role: missing; vLLM refuses a kv_connector without a role")
+    [line] = problems({k: v for k, v in TRANSFER.items() if k != "kv_connector"})
+    assert line.startswith("$.kv_connector: missing; without a connector vLLM offloads nothing")
+    # What vLLM does route to these options loads, kvtiers-vllm's spec too.
+    for ok in (
+        {**EXTRA, "spec_module_path": "vllm.v1.kv_offload.tiering.spec"},
+        {**EXTRA, "spec_name": "KvtiersOffloadingSpec"},
+        {**EXTRA, "spec_name": "KvtiersOffloadingSpec", "spec_module_path": "kvtiers_vllm.spec"},
+        {**TRANSFER, "kv_connector_module_path": None},
+    ):
+        assert load(ok).cpu_bytes_to_use == GiB
+    # A typo in a vLLM field name stays a warning: vLLM ignores it too.
+    cfg = load({**TRANSFER, "kv_colour": "blue"})
+    assert cfg.warnings[0] == (
         "$.kv_colour: ignored, not a field of vLLM's kv_transfer_config (did you mean "
-        '"kv_connector"?)',
-        '$.kv_connector: is "LMCacheConnectorV1"; kvtiers reads kv_connector_extra_config as '
-        "options of vLLM's OffloadingConnector",
-        "$.kv_connector_extra_config.spec_name: unset, vLLM builds CPUOffloadingSpec; kvtiers "
-        'reads these options as a TieringOffloadingSpec\'s (set "spec_name": '
-        '"TieringOffloadingSpec")',
+        '"kv_connector"?)'
     )
 
 
+def test_vllm_fields_are_type_checked(problems) -> None:
+    got = problems(
+        {
+            **TRANSFER,
+            "kv_role": 7,
+            "kv_port": "14579",
+            "kv_rank": 1.5,
+            "engine_id": ["e"],
+            "enable_permute_local_kv": "yes",
+            "kv_load_failure_policy": "retry",
+        }
+    )
+    assert got == [
+        '$.enable_permute_local_kv: expected true or false, found "yes" (string)',
+        '$.engine_id: expected a string or null, found ["e"] (array)',
+        '$.kv_load_failure_policy: expected one of "recompute", "fail", found "retry" '
+        "(string)",
+        '$.kv_port: expected an integer >= 0 and <= 65535, found "14579" (string)',
+        "$.kv_rank: expected an integer or null, found 1.5 (number)",
+        '$.kv_role: expected one of "kv_producer", "kv_consumer", "kv_both", null, found 7 '
+        "(integer)",
+    ]
+    # Unhashable values where vLLM expects a name are type errors, not crashes.
+    for bad in ([1], {"a": 1}):
+        assert problems({**TRANSFER, "kv_connector": bad})[0].startswith(
+            "$.kv_connector: expected a string or null, found "
+        )
+        [line] = problems({**EXTRA, "spec_name": bad})
+        assert line.startswith("$.spec_name: expected a spec name (a string), found ")
+        [line] = problems({**EXTRA, "spec_module_path": bad})
+        assert line.startswith("$.spec_module_path: expected a module path (a string), found ")
+
+
 def test_extra_config_must_be_an_object(problems) -> None:
-    assert problems({"kv_connector": "OffloadingConnector", "kv_connector_extra_config": []}) == [
+    doc = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}
+    assert problems({**doc, "kv_connector_extra_config": []}) == [
         "$.kv_connector_extra_config: expected an object (the connector's options), "
         "found [] (array)"
     ]
-    assert problems({"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}) == [
+    assert problems(
+        {**doc, "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec"}}
+    ) == [
         "$.kv_connector_extra_config.cpu_bytes_to_use: missing; expected an integer >= 1 (Size "
         "of the CPU pool in bytes: the shared-memory gateway between the GPU and the secondary "
         "tiers)"

@@ -28,7 +28,7 @@ def test_defaults_and_vllm_thread_names(tmp_path: Path) -> None:
     assert (opts["eviction_policy"], opts["o_direct"], opts["durable"]) == ("lru", "auto", False)
     vllm = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
             "kv_connector_extra_config": {
-                "cpu_bytes_to_use": 1 << 20,
+                "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 1 << 20,
                 "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path),
                                      "capacity_bytes": 1 << 30,
                                      "n_read_threads": 3, "n_write_threads": 5}]}}

@@ -9,10 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.config.model import TierSection
-from kvtiers.integrity import checksum
 from kvtiers.keys import make_key
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import TieringOffloadingManager
@@ -42,6 +40,8 @@ class Harness:
         self.namespace = Namespace("test/model", (BlockGeometry(2, 2, 64, "float16", 16),))
         self.tiers = [self._make_tier(i, t) for i, t in enumerate(tiers)]
         kwargs.setdefault("cascade_queue_blocks", num_slots)
+        # Events on: the tests follow blocks through them (the default is off).
+        kwargs.setdefault("enable_events", True)
         # A spec may name its tier ("name") so that two tiers of one type stay apart.
         kwargs.setdefault("tier_names", [t.get("name", t["type"]) for t in tiers])
         self.mgr = TieringOffloadingManager(
@@ -68,8 +68,7 @@ class Harness:
         tier) behind the manager's back, touching no pool slot; return its bytes."""
         store = getattr(tier, "inner", tier)._store
         data = os.urandom(BLOCK) if data is None else data
-        assert store.reserve() is not None, "tier full"
-        store.commit(1, [(k, data, checksum(data))])
+        assert store.put(k, data), "tier full"
         self.content[k] = data
         return data
 
@@ -78,7 +77,7 @@ class Harness:
         out = self.mgr.prepare_store(keys)
         if out is None:
             return []
-        for k, slot in zip(out.keys, out.slots):
+        for k, slot in zip(out.keys, out.slots, strict=True):
             data = os.urandom(BLOCK)
             self.pool.block(slot)[:] = data
             if success:
@@ -90,7 +89,7 @@ class Harness:
         """The engine loads `keys` (all HIT) and checks every byte."""
         slots = self.mgr.prepare_load(keys)
         try:
-            for k, slot in zip(keys, slots):
+            for k, slot in zip(keys, slots, strict=True):
                 assert bytes(self.pool.block(slot)) == self.content[k], f"wrong bytes for {k.hex()}"
         finally:
             self.mgr.complete_load(keys)
@@ -102,7 +101,7 @@ class Harness:
             for t in self.tiers:
                 t.drain(timeout=10)
             self.mgr.step()
-            if not self.mgr._jobs and not any(rt.queue for rt in self.mgr._tiers):
+            if not self.mgr._traffic.jobs and not any(rt.queue for rt in self.mgr._traffic.tiers):
                 return
             time.sleep(0.001)
 

@@ -42,6 +42,7 @@ class ScriptedTier(SecondaryTier):
         self.calls: Counter[str] = Counter()
         self.touched: list[list[BlockKey]] = []
         self.requests: list[tuple[str, str]] = []
+        self.request_params: dict[str, Mapping[str, Any] | None] = {}  # by request id
         self.closed = False
         self.probe: AsyncProbe | None = None
         self.gate = threading.Event()
@@ -135,6 +136,7 @@ class ScriptedTier(SecondaryTier):
     def on_request_start(self, request_id: str, params: Mapping[str, Any] | None = None) -> None:
         self._enter("on_request_start")
         self.requests.append(("start", request_id))
+        self.request_params[request_id] = params
 
     def on_request_finished(self, request_id: str) -> None:
         self._enter("on_request_finished")

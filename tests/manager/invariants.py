@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from kvtiers.manager import TieringOffloadingManager
 from kvtiers.manager.slot_state import (
     DIRTY,
     FREE,
@@ -18,7 +19,6 @@ from kvtiers.manager.slot_state import (
     READY,
     STORING,
 )
-from kvtiers.manager import TieringOffloadingManager
 from kvtiers.pool_view import PoolView
 
 Content = Callable[[bytes], bytes] | Mapping[bytes, bytes]
@@ -34,10 +34,10 @@ class PoolPicture:
 
     def state_of(self, mgr: TieringOffloadingManager, key: bytes) -> int | None:
         slot = self.resident.get(key)
-        return None if slot is None else mgr._state[slot]
+        return None if slot is None else mgr._slots.state[slot]
 
     def ready_keys(self, mgr: TieringOffloadingManager) -> set[bytes]:
-        return {k for k, s in self.resident.items() if mgr._state[s] == READY}
+        return {k for k, s in self.resident.items() if mgr._slots.state[s] == READY}
 
 
 def check_structure(
@@ -45,8 +45,8 @@ def check_structure(
 ) -> PoolPicture:
     """Assert every structural invariant; with `pool` and `content`, also that each
     READY slot holds exactly the bytes stored for its key."""
-    policy, n = mgr._policy, mgr.num_slots
-    state, holds, flags = mgr._state, mgr._holds, mgr._flags
+    policy, n = mgr._slots.policy, mgr.num_slots
+    state, holds, flags = mgr._slots.state, mgr._slots.holds, mgr._slots.flags
     pic = PoolPicture()
 
     # Each resident key owns one slot, and no slot is owned twice.
@@ -60,8 +60,9 @@ def check_structure(
         owner[slot] = key
         pic.resident[key] = slot
 
-    free_list = list(mgr._alloc._free)
-    assert len(free_list) == len(set(free_list)) == mgr._alloc.free_count, "free list duplicate"
+    alloc = mgr._slots._alloc
+    free_list = list(alloc._free)
+    assert len(free_list) == len(set(free_list)) == alloc.free_count, "free list duplicate"
     pic.free = set(free_list)
     pinned = 0
     for slot in range(n):
@@ -90,13 +91,13 @@ def check_structure(
         assert not (f & DIRTY and f & LEAVING), f"slot {slot} both dirty and leaving"
         if f:
             assert s == READY, f"slot {slot} flagged {f} in state {s}"
-            assert mgr._write_back, f"slot {slot} flagged {f} under write_through"
+            assert mgr._slots.write_back, f"slot {slot} flagged {f} under write_through"
         if f & LEAVING:
             assert holds[slot] > 0, f"leaving slot {slot} has no holds: it should be free"
-    assert mgr._pinned == pinned, f"_pinned={mgr._pinned}, slots with holds={pinned}"
+    assert mgr._slots.pinned == pinned, f"_pinned={mgr._slots.pinned}, slots with holds={pinned}"
 
     # Queued cascades, promotions and jobs point at the slots they hold.
-    for rt in mgr._tiers:
+    for rt in mgr._traffic.tiers:
         for key, slot in rt.queue:
             assert owner.get(slot) == key, f"queued cascade {key.hex()}@{slot} not resident"
             assert state[slot] == READY, f"queued cascade of slot {slot} in state {state[slot]}"
@@ -107,7 +108,7 @@ def check_structure(
             f"cascades exceed the bound {rt.queue_limit}"
         )
     timed_out_promotions: set[int] = set()
-    for job in mgr._jobs.values():
+    for job in mgr._traffic.jobs.values():
         if job.kind == "promote":
             if job.timed_out:
                 timed_out_promotions.update(job.slots)
@@ -141,10 +142,10 @@ def manager_holds(mgr: TieringOffloadingManager) -> Counter[int]:
     """Holds the manager itself takes: promotions reserved or running, cascades
     queued or running (timed-out cascades keep theirs until the tier reports)."""
     held: Counter[int] = Counter()
-    for rt in mgr._tiers:
+    for rt in mgr._traffic.tiers:
         held.update(slot for _, slot in rt.promotions)
         held.update(slot for _, slot in rt.queue)
-    for job in mgr._jobs.values():
+    for job in mgr._traffic.jobs.values():
         if job.kind == "cascade" or not job.timed_out:
             held.update(job.slots)
     return held
@@ -155,6 +156,7 @@ def check_holds(mgr: TieringOffloadingManager, engine: Mapping[int, int]) -> Non
     flight, peer jobs: slot -> count) plus the manager's own (see `manager_holds`)."""
     expected = manager_holds(mgr)
     expected.update(engine)
-    actual = {slot: mgr._holds[slot] for slot in range(mgr.num_slots) if mgr._holds[slot]}
+    holds = mgr._slots.holds
+    actual = {slot: holds[slot] for slot in range(mgr.num_slots) if holds[slot]}
     expected_nonzero = {slot: n for slot, n in expected.items() if n}
     assert actual == expected_nonzero, f"holds {actual} != expected {expected_nonzero}"

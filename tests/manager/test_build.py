@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.config import load_config
 from kvtiers.keys import make_key
@@ -20,7 +19,7 @@ BLOCK = NS.groups[0].block_bytes
 
 def _config(**extra):
     doc = {
-        "cpu_bytes_to_use": 8 * 4096 * 2,
+        "cpu_bytes_to_use": 8 * BLOCK,  # the 8-slot pool of the tests
         "eviction_policy": "arc",
         "cascade_queue_blocks": 16,
         "secondary_tiers": [
@@ -36,7 +35,7 @@ def test_names_number_repeated_types():
     config = _config()
     assert tier_names(config) == ["memory", "faulty"]
     doubled = load_config({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [
-        {"type": "memory", "capacity_bytes": 4096}, {"type": "memory", "capacity_bytes": 4096}]})
+        {"type": "memory", "capacity_bytes": 4096}, {"type": "memory", "capacity_bytes": 8192}]})
     assert tier_names(doubled) == ["memory#1", "memory#2"]
 
 
@@ -48,7 +47,7 @@ def test_built_manager_round_trips_through_both_tiers():
         keys = [make_key(os.urandom(32)) for _ in range(8)]
         out = mgr.prepare_store(keys)
         data = {}
-        for k, slot in zip(out.keys, out.slots):
+        for k, slot in zip(out.keys, out.slots, strict=True):
             data[k] = os.urandom(BLOCK)
             pool.block(slot)[:] = data[k]
         mgr.complete_store(out.keys)
@@ -74,3 +73,63 @@ def test_require_verified_refuses_a_tier_that_does_not_verify():
 
     with pytest.raises(ConfigRejected, match="does not verify"):
         _config(require_verified_tiers=True)
+
+
+def test_without_tiers_no_pool_view_nor_namespace_is_needed():
+    config = load_config({"cpu_bytes_to_use": 10 * BLOCK + 100, "eviction_policy": "sieve"})
+    mgr = build_manager(config, block_bytes=BLOCK)
+    try:
+        assert mgr.num_slots == 10  # what CpuPool(BLOCK, cpu_bytes_to_use) would hold
+        keys = [make_key(os.urandom(32)) for _ in range(12)]
+        out = mgr.prepare_store(keys)
+        assert out is None  # 12 blocks cannot fit in 10 slots
+        out = mgr.prepare_store(keys[:10])
+        assert len(set(out.slots)) == 10 and max(out.slots) == 9
+    finally:
+        mgr.close()
+
+
+def test_block_bytes_count_in_whole_slots():
+    config = load_config({"cpu_bytes_to_use": 3 * 8192})
+    mgr = build_manager(config, block_bytes=4096 + 1)  # slots of 8 KiB
+    assert mgr.num_slots == 3
+    with pytest.raises(TypeError, match="block_bytes"):
+        build_manager(config)
+
+
+def test_tiers_need_the_pool_and_a_namespace():
+    with pytest.raises(TypeError, match="the pool's view and a namespace"):
+        build_manager(_config(), block_bytes=BLOCK)
+    with pytest.raises(TypeError, match="a namespace"):
+        build_manager(_config(), PoolView.anonymous(8, BLOCK))
+
+
+def test_a_pool_that_disagrees_with_cpu_bytes_to_use_is_refused_naming_both():
+    from kvtiers.errors import ConfigError
+
+    for slots in (4, 9):
+        with pytest.raises(ConfigError) as info:
+            build_manager(_config(), PoolView.anonymous(slots, BLOCK), NS)
+        message = str(info.value)
+        assert f"cpu_bytes_to_use is {8 * BLOCK} bytes" in message and "makes 8 slots" in message
+        assert f"has {slots} slots ({slots * BLOCK} bytes" in message
+        assert message.startswith("$.cpu_bytes_to_use:")
+
+
+def test_events_follow_the_config_unless_overridden():
+    pool = PoolView.anonymous(8, BLOCK)
+    for doc, override, expected in (
+        ({}, None, False), ({"enable_kv_events": True}, None, True),
+        ({"enable_kv_events": True}, False, False), ({}, True, True),
+    ):  # fmt: skip
+        mgr = build_manager(_config(**doc), pool, NS, enable_events=override)
+        try:
+            assert mgr.events_enabled is expected
+            out = mgr.prepare_store([make_key(os.urandom(32))])
+            mgr.complete_store(out.keys)
+            mgr.drain(10)
+            kinds = [(e.kind, e.tier) for e in mgr.take_events()]
+            assert kinds == ([("stored", "cpu"), ("stored", "memory"), ("stored", "faulty")]
+                             if expected else [])
+        finally:
+            mgr.close()

@@ -11,10 +11,10 @@ import logging
 import os
 
 import pytest
-
 from kvtiers.jobs import JobResult
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import PrefixLookup
+
 from tests.manager.conftest import BLOCK, key, memory_tier
 from tests.manager.fake_tiers import ScriptedTier, StuckTier
 from tests.manager.invariants import check_holds, check_structure
@@ -135,7 +135,7 @@ def _stuck_harness(harness, **kwargs):
     h = harness(32, tiers=[memory_tier(64)], job_timeout_s=5, breaker_failures=1,
                 breaker_cooldown_s=10, **kwargs)  # fmt: skip
     stuck = StuckTier(h.tiers[0])
-    h.mgr._tiers[0].tier = stuck
+    h.mgr._traffic.tiers[0].tier = stuck
     return h, stuck
 
 
@@ -144,7 +144,7 @@ def test_a_stuck_tier_cannot_pin_the_pool_with_cascades(harness):
     slots) but leaves the in-flight count at once, so each breaker cycle admits a
     new window of cascades: a tier that never reports ends up pinning the pool."""
     h, stuck = _stuck_harness(harness, cascade_queue_blocks=2, max_inflight_cascade_blocks=2)
-    limit = h.mgr._tiers[0].queue_limit
+    limit = h.mgr._traffic.tiers[0].queue_limit
     for cycle in range(8):
         h.store([key(2 * cycle), key(2 * cycle + 1)])
         h.mgr.step()
@@ -261,20 +261,25 @@ def test_stats_count_lookups_by_outcome(harness):
 def test_events_follow_every_way_in_and_out_of_the_pool(harness):
     h = harness(2, tiers=[memory_tier(64)])
     tier = h.tiers[0]
-    kinds = lambda: [(e.kind, sorted(e.keys)) for e in h.mgr.take_events()]  # noqa: E731
+    kinds = lambda: [  # noqa: E731
+        (e.kind, e.tier, e.source, sorted(e.keys)) for e in h.mgr.take_events()
+    ]
     h.store([key(1)])
-    assert kinds() == [("stored", [key(1)])]
+    assert kinds() == [("stored", "cpu", None, [key(1)])]
+    h.settle()  # the cascade to the tier succeeded: the tier holds it now
+    assert kinds() == [("stored", "memory", None, [key(1)])]
     h.store([key(2)], success=False)
     assert kinds() == []  # a failed store was never readable: nothing to announce
     h.seed(tier, key(3))
     assert h.lookup_until_settled(key(3)) is HIT
-    assert kinds() == [("stored", [key(3)])]  # a promotion lands
+    assert kinds() == [("stored", "cpu", "memory", [key(3)])]  # a promotion lands
     h.mgr.touch([key(3)])
     h.store([key(4)])  # evicts key 1, the least recently used
-    assert kinds() == [("removed", [key(1)]), ("stored", [key(4)])]
+    assert kinds() == [("removed", "cpu", None, [key(1)]), ("stored", "cpu", None, [key(4)])]
     h.mgr.reset()
-    assert kinds() == [("removed", sorted([key(3), key(4)]))]
-    assert kinds() == []
+    assert kinds() == [("removed", "cpu", None, sorted([key(3), key(4)]))]
+    h.settle()
+    assert kinds() == []  # reset dropped key 4's queued cascade: the tier never got it
 
 
 def test_no_event_for_a_failed_or_timed_out_promotion(harness):
@@ -309,13 +314,19 @@ def test_write_back_block_loaded_while_leaving_goes_when_the_engine_is_done(harn
     h.mgr.prepare_load([key(1)])
     h.settle()
     assert h.mgr.stats()["tiers"]["memory"]["cascaded_blocks"] == 1
-    # Copied down, but the engine still holds it: it stays, readable, unannounced.
-    assert h.mgr.lookup(key(1)) is HIT and h.mgr.take_events() == []
+    # Copied down, but the engine still holds it: it stays, readable; only the copy
+    # in the tier is announced.
+    assert h.mgr.lookup(key(1)) is HIT
+    assert [(e.kind, e.tier, e.keys) for e in h.mgr.take_events()] == [
+        ("stored", "memory", [key(1)])
+    ]
     assert h.mgr.prepare_store([key(3)]) is None  # only key 2 is a candidate: leaving too
     h.mgr.complete_load([key(1)])  # the engine is done: key 1 goes now
     assert [(e.kind, e.keys) for e in h.mgr.take_events()] == [("removed", [key(1)])]
-    h.settle()
-    assert [(e.kind, e.keys) for e in h.mgr.take_events()] == [("removed", [key(2)])]
+    h.settle()  # key 2's copy lands in the tier, and so it leaves the pool
+    assert [(e.kind, e.tier, e.keys) for e in h.mgr.take_events()] == [
+        ("stored", "memory", [key(2)]), ("removed", "cpu", [key(2)])
+    ]
     assert h.store([key(3)]) == [key(3)]
     assert h.lookup_until_settled(key(1)) is HIT  # promoted back from the tier
     h.load_and_check([key(1)])

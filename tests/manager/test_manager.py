@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from kvtiers.errors import KvtiersError
 from kvtiers.jobs import TransferJob
 from kvtiers.lookup import LookupResult
@@ -13,6 +12,7 @@ from kvtiers.manager import TieringOffloadingManager
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.stats import TierStats
 from kvtiers.tier import SecondaryTier, TierContext
+
 from tests.manager.conftest import BLOCK, faulty, key, memory_tier
 
 HIT, MISS, PENDING, RETRY = (
@@ -235,7 +235,7 @@ class _StuckTier(SecondaryTier):
 def test_timed_out_promotion_quarantines_its_slot_until_the_late_report(harness):
     h = harness(4, tiers=[memory_tier(64)], job_timeout_s=5)
     stuck = _StuckTier(h.tiers[0])
-    h.mgr._tiers[0].tier = stuck
+    h.mgr._traffic.tiers[0].tier = stuck
     _seed_inner(h, stuck.inner, key(1))
     assert h.mgr.lookup(key(1)) is PENDING
     h.mgr.step()
@@ -341,3 +341,45 @@ def test_stats_asks_tiers_outside_the_managers_lock(harness):
     h.store([key(0)])
     assert "calls-back" in h.mgr.stats()["tiers"]
     assert box["answered"], "stats() held the manager's lock while asking the tier"
+
+
+def test_prepare_store_never_evicts_a_key_of_the_call(harness):
+    """issue 17: on a full pool, prepare_store([A, E]) with A resident evicted A (the
+    least recently used) to make room for E; the engine, told A is present, would
+    then load bytes that are gone. The call's own keys are never candidates."""
+    h = harness(2)
+    h.store([key(1)])
+    h.store([key(2)])
+    h.mgr.touch([key(2)])  # key 1 is the least recently used
+    out = h.mgr.prepare_store([key(1), key(5)])
+    assert out is not None and out.keys == [key(5)] and out.evicted == [key(2)]
+    assert h.mgr.lookup(key(1)) is HIT
+    h.load_and_check([key(1)])
+    h.mgr.complete_store(out.keys, success=False)
+
+
+def test_prepare_store_refuses_rather_than_evict_a_key_of_the_call(harness):
+    h = harness(2)
+    h.store([key(1), key(2)])
+    h.mgr.prepare_load([key(2)])  # pinned by the engine
+    assert h.mgr.prepare_store([key(1), key(5)]) is None
+    assert h.mgr.stats()["pool"] == {**h.mgr.stats()["pool"], "resident": 2, "pinned": 1}
+    h.mgr.complete_load([key(2)])
+    h.load_and_check([key(1), key(2)])
+
+
+def test_a_tier_receives_the_request_params(harness):
+    from tests.manager.fake_tiers import ScriptedTier
+
+    made: list[ScriptedTier] = []
+
+    def build(ctx):
+        made.append(ScriptedTier(ctx))
+        return made[-1]
+
+    h = harness(2, tiers=[{"type": "a", "factory": build}, {"type": "b", "factory": build}])
+    params = {"do_remote_prefill": True, "remote_host": "10.0.0.7", "remote_block_ids": [3, 4]}
+    h.mgr.on_request_start("r1", params)
+    h.mgr.on_request_start("r2")
+    for tier in made:
+        assert tier.request_params == {"r1": params, "r2": None}

@@ -12,12 +12,12 @@ from collections import Counter
 from typing import Any, ClassVar
 
 import pytest
-
 from kvtiers.jobs import TransferJob
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.parent import ParentManager
 from kvtiers.policies.lru import LRUPolicy
+
 from tests.manager.conftest import BLOCK, Harness, key, memory_tier
 from tests.manager.fake_tiers import PeerMemoryTier, ScriptedTier
 from tests.manager.invariants import check_holds, check_structure
@@ -77,7 +77,7 @@ def test_peer_job_ids_never_collide_with_tier_job_ids(harness):
     for i in range(4):
         h.store([key(i)])
         h.mgr.step()  # a cascade job takes an id
-        seen.update(h.mgr._jobs)
+        seen.update(h.mgr._traffic.jobs)
         job = h.mgr.create_store_job([key(i)])
         assert job.job_id not in seen
         seen.add(job.job_id)
@@ -100,7 +100,7 @@ def test_a_peer_job_with_a_repeated_key_leaves_no_hold_behind(harness):
     if job is not None:
         h.mgr.complete_store_job(job.job_id)
     assert h.mgr.stats()["pool"]["pinned"] == 0
-    assert not h.mgr._peer_jobs
+    assert not h.mgr._peers
 
 
 def test_the_lock_is_real_only_when_a_tier_serves_peers(harness):
@@ -323,5 +323,5 @@ def test_an_empty_peer_job_is_harmless():
     job = mgr.create_store_job([])
     assert job is not None and list(job.keys) == [] and list(job.slots) == []
     mgr.complete_store_job(job.job_id)
-    assert mgr.stats()["pool"]["pinned"] == 0 and not mgr._peer_jobs
+    assert mgr.stats()["pool"]["pinned"] == 0 and not mgr._peers
     mgr.close()

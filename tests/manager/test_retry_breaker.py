@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.errors import KvtiersError
 from kvtiers.lookup import LookupResult
 from kvtiers.manager import PrefixLookup, TieringOffloadingManager
 from kvtiers.manager.breaker import BreakerState, CircuitBreaker
 from kvtiers.policies.lru import LRUPolicy
+
 from tests.manager.conftest import BLOCK, faulty, key, memory_tier
 from tests.manager.fake_tiers import ScriptedTier
 
@@ -277,9 +277,12 @@ def test_corrupt_promotion_is_counted_and_the_key_becomes_a_miss(harness):
     assert stats["tiers"]["memory"]["promotion_failures"] == 1
     assert stats["tiers"]["memory"]["promoted_hits"] == 0
     assert (stats["pool"]["free"], stats["pool"]["pinned"], stats["pool"]["resident"]) == (4, 0, 0)
-    # The verifying tier dropped its copy: a plain miss from now on, no "stored" event.
+    # The verifying tier dropped its copy: a plain miss from now on, no "stored" event,
+    # and the tier's removal of the bad copy is reported under its name.
     assert h.mgr.lookup(key(1)) is MISS
-    assert h.mgr.take_events() == []
+    events = h.mgr.take_events()
+    assert [(e.kind, e.tier, e.keys) for e in events] == [("removed", "memory", [key(1)])]
+    assert not any(e.kind == "stored" for e in events)
 
 
 def test_injected_detected_corruption_never_serves_wrong_bytes(harness):

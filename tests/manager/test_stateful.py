@@ -37,7 +37,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-
 from kvtiers.lookup import LookupResult
 from kvtiers.manager.events import OffloadEvent
 from kvtiers.manager.slot_state import PROMOTING, READY, STORING
@@ -48,6 +47,7 @@ from kvtiers.policies.sieve import SievePolicy
 from kvtiers.tier import TierContext
 from kvtiers.tiers.faulty import FaultyTier
 from kvtiers.tiers.memory import MemoryTier
+
 from tests.manager.conftest import BLOCK, Harness, faulty, key, memory_tier
 from tests.manager.fake_tiers import StuckTier
 from tests.manager.invariants import check_holds, check_structure
@@ -77,6 +77,7 @@ SETTINGS = settings(
 )
 
 NUM_SLOTS = 6
+TIER_NAMES = {"faulty", "memory", "stuck"}
 KEYS = [key(i) for i in range(10)]
 # Keys are content hashes: one key, one content, wherever and whenever it is stored.
 CONTENT = {k: hashlib.shake_128(k).digest(BLOCK) for k in KEYS}
@@ -125,10 +126,14 @@ def stuck_memory(name: str = "stuck") -> dict[str, Any]:
 
 
 def apply_events(announced: set[bytes], events: list[OffloadEvent]) -> None:
-    """Fold events into the set of keys announced as readable, checking each one
-    makes sense: stored only when not announced, removed only when announced."""
+    """Fold the pool's events into the set of keys announced as readable, checking
+    each one makes sense: stored only when not announced, removed only when
+    announced. A secondary tier's events must name a configured tier."""
     for ev in events:
-        assert ev.medium == "cpu"
+        if ev.tier != "cpu":
+            assert ev.tier in TIER_NAMES and ev.source is None, ev
+            continue
+        assert ev.source is None or ev.source in TIER_NAMES, ev
         for k in ev.keys:
             if ev.kind == "stored":
                 assert k not in announced, f"{k.hex()} announced stored twice"
@@ -214,11 +219,11 @@ class ManagerMachine(RuleBasedStateMachine):
         self._quiet()
 
     def _slot(self, k: bytes) -> int | None:
-        return self.mgr._policy.get(k)
+        return self.mgr._slots.policy.get(k)
 
     def _ready(self, k: bytes) -> bool:
         slot = self._slot(k)
-        return slot is not None and self.mgr._state[slot] == READY
+        return slot is not None and self.mgr._slots.state[slot] == READY
 
     def _engine_holds(self) -> Counter[int]:
         held: Counter[int] = Counter()
@@ -240,12 +245,15 @@ class ManagerMachine(RuleBasedStateMachine):
     def _prepare_store(self, keys: list[bytes]) -> Any:
         pic = check_structure(self.mgr)
         new = [k for k in dict.fromkeys(keys) if k not in pic.resident]
-        evictable = len(pic.resident) - self.mgr._pinned
+        # The call's own resident blocks are never its victims.
+        holds = self.mgr._slots.holds
+        own = {k for k in keys if k in pic.resident and holds[pic.resident[k]] == 0}
+        evictable = len(pic.resident) - self.mgr._slots.pinned - len(own)
         held_before = self._engine_keys()
         out = self.mgr.prepare_store(keys)
         if len(pic.free) + evictable < len(new):
             assert out is None, "prepare_store allocated more slots than could be freed"
-        elif not self.mgr._write_back:
+        elif not self.mgr._slots.write_back:
             # Only dirty victims (write_back) may make a feasible store wait.
             assert out is not None, "prepare_store refused though enough was evictable"
         if out is None:
@@ -258,7 +266,11 @@ class ManagerMachine(RuleBasedStateMachine):
             assert slot not in pic.quarantined, f"quarantined slot {slot} handed out"
         for k in out.evicted:
             assert k in pic.resident and k not in held_before, f"evicted {k.hex()}: pinned"
+            assert k not in keys, f"prepare_store evicted {k.hex()}, a block of the call"
             assert self._slot(k) is None
+        for k in keys:
+            if k in pic.resident:
+                assert self._slot(k) == pic.resident[k], f"{k.hex()} of the call moved or left"
         for slot in out.slots:
             # The engine's copy has not happened yet: the slot holds anything.
             self.pool.block(slot)[:] = self._garbage()
@@ -270,7 +282,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.mgr.complete_store(keys, success)
         for k, slot in zip(keys, slots, strict=True):
             if success:
-                assert self._slot(k) == slot and self.mgr._state[slot] == READY
+                assert self._slot(k) == slot and self.mgr._slots.state[slot] == READY
                 self.stored_ok.add(k)
             else:
                 assert self._slot(k) is None, f"failed store of {k.hex()} left it resident"
@@ -285,9 +297,9 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _fingerprint(self) -> tuple[Any, ...]:
         return (
-            tuple(sorted(self.mgr._jobs)),
-            tuple(len(rt.queue) for rt in self.mgr._tiers),
-            tuple(len(rt.promotions) for rt in self.mgr._tiers),
+            tuple(sorted(self.mgr._traffic.jobs)),
+            tuple(len(rt.queue) for rt in self.mgr._traffic.tiers),
+            tuple(len(rt.promotions) for rt in self.mgr._traffic.tiers),
             tuple(sorted(self._held_job_ids())),
         )
 
@@ -335,7 +347,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(k=keys_st)
     def lookup(self, k: bytes) -> None:
         slot = self._slot(k)
-        before = None if slot is None else self.mgr._state[slot]
+        before = None if slot is None else self.mgr._slots.state[slot]
         r = self.mgr.lookup(k)
         if before == READY:
             assert r is HIT
@@ -345,7 +357,7 @@ class ManagerMachine(RuleBasedStateMachine):
             assert r in (MISS, PENDING), f"{r} for a block not in the pool"  # no tier probes
             if r is PENDING:
                 assert k in self.stored_ok, "a tier found a block that was never stored"
-                assert self.mgr._state[self._slot(k)] == PROMOTING
+                assert self.mgr._slots.state[self._slot(k)] == PROMOTING
             else:
                 assert self._slot(k) is None
 
@@ -360,13 +372,14 @@ class ManagerMachine(RuleBasedStateMachine):
         for _ in range(5):
             self.lookup(k)
             slot = self._slot(k)
-            if slot is None or self.mgr._state[slot] != PROMOTING:
+            if slot is None or self.mgr._slots.state[slot] != PROMOTING:
                 return
             self.settle()
             if self._held_job_ids():
                 return  # held by a tier until the clock moves or it is released
             slot = self._slot(k)
-            assert slot is None or self.mgr._state[slot] != PROMOTING, "a promotion never ended"
+            state = self.mgr._slots.state
+            assert slot is None or state[slot] != PROMOTING, "a promotion never ended"
 
     @precondition(lambda self: self.h.tiers)
     @rule(k=keys_st)
@@ -376,7 +389,7 @@ class ManagerMachine(RuleBasedStateMachine):
         tier that holds jobs (faulty latency/hangs, stuck I/O) has not reported."""
         self.lookup(k)
         slot = self._slot(k)
-        if slot is None or self.mgr._state[slot] != PROMOTING:
+        if slot is None or self.mgr._slots.state[slot] != PROMOTING:
             return
         self._step()
         self.h.clock.advance(JOB_TIMEOUT_S)
@@ -415,10 +428,10 @@ class ManagerMachine(RuleBasedStateMachine):
         if self._ready(k):
             return
         keys = [o for o in others if self._ready(o)] + [k]
-        holds = bytes(self.mgr._holds)
+        holds = bytes(self.mgr._slots.holds)
         with pytest.raises(KeyError):
             self.mgr.prepare_load(keys)
-        assert bytes(self.mgr._holds) == holds, "a refused prepare_load left holds behind"
+        assert bytes(self.mgr._slots.holds) == holds, "a refused prepare_load left holds behind"
 
     @precondition(lambda self: self.loads)
     @rule(pick=picks)
@@ -451,13 +464,15 @@ class ManagerMachine(RuleBasedStateMachine):
         for _ in range(50):
             before = self._fingerprint()
             self._step()
-            if self._fingerprint() == before and set(self.mgr._jobs) <= self._held_job_ids():
+            jobs = set(self.mgr._traffic.jobs)
+            if self._fingerprint() == before and jobs <= self._held_job_ids():
                 break
-        assert set(self.mgr._jobs) <= self._held_job_ids(), "a finished job was never collected"
-        if not self._engine_holds() and not self.mgr._jobs:
+        jobs = set(self.mgr._traffic.jobs)
+        assert jobs <= self._held_job_ids(), "a finished job was never collected"
+        if not self._engine_holds() and not self.mgr._traffic.jobs:
             # Nothing runs and the engine holds nothing: the only holds left are
             # cascades queued while a tier's breaker is open.
-            queued = {slot for rt in self.mgr._tiers for _, slot in rt.queue}
+            queued = {slot for rt in self.mgr._traffic.tiers for _, slot in rt.queue}
             assert self.mgr.stats()["pool"]["pinned"] == len(queued)
 
     # JOB_TIMEOUT_S exactly: the manager's deadline passes (it expires at the
@@ -493,13 +508,13 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule()
     def reset(self) -> None:
         pic = check_structure(self.mgr)
-        holds = self.mgr._holds
+        holds = self.mgr._slots.holds
         unpinned = {k for k, s in pic.resident.items() if holds[s] == 0}
         self.mgr.reset()
         after = check_structure(self.mgr)
         assert not unpinned & set(after.resident), "reset kept an unpinned block"
         assert all(holds[s] > 0 for s in after.resident.values()), "reset kept an unpinned block"
-        assert not any(rt.queue for rt in self.mgr._tiers), "reset kept queued cascades"
+        assert not any(rt.queue for rt in self.mgr._traffic.tiers), "reset kept queued cascades"
 
     @rule(keys=unique_key_lists)
     def peer_create_store_job(self, keys: list[bytes]) -> None:
@@ -532,7 +547,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def consistent(self) -> None:
         pic = check_structure(self.mgr, self.pool, CONTENT)
         check_holds(self.mgr, self._engine_holds())
-        state = self.mgr._state
+        state = self.mgr._slots.state
         # What the engine holds stays where it was, readable (or being written).
         for keys, slots in [*self.loads, *self.peers.values()]:
             for k, slot in zip(keys, slots, strict=True):
@@ -547,7 +562,7 @@ class ManagerMachine(RuleBasedStateMachine):
         assert ready <= self.stored_ok
         # Events taken plus events pending describe exactly the readable blocks.
         announced = set(self.announced)
-        apply_events(announced, list(self.mgr._events))
+        apply_events(announced, self.mgr._events.pending())
         assert announced == ready, (
             f"events say {sorted(k.hex()[-8:] for k in announced)}, "
             f"readable are {sorted(k.hex()[-8:] for k in ready)}"

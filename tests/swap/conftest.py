@@ -1,19 +1,23 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import pytest
 import torch
+from kvtiers.swap import DeviceSwapper, SwapResult
 
 CUDA = torch.cuda.is_available()
 
 cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]
 
 
-def collect(swapper, job_ids, timeout: float = 30.0) -> dict:
+def collect(
+    swapper: DeviceSwapper, job_ids: Iterable[int], timeout: float = 30.0
+) -> dict[int, SwapResult]:
     """Poll `get_finished` until every job in `job_ids` reported (results by id)."""
     want = set(job_ids)
-    got: dict = {}
+    got: dict[int, SwapResult] = {}
     deadline = time.monotonic() + timeout
     while want - got.keys():
         for r in swapper.get_finished():

@@ -4,7 +4,7 @@ slow and obviously right)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,10 +17,10 @@ KINDS = ("kv_first", "page_first", "pairs", "cross", "cross_lkp", "views_of_cros
 class Engine:
     kind: str
     layout: KVLayout
-    tensors: list  # what the layout was built from (keeps the memory alive)
+    tensors: Sequence[object]  # what the layout was built from (keeps the memory alive)
     # fragment(layer, kv, page) -> uint8 view of that page's [T, H, D] bytes
     fragment: Callable[[int, int, int], torch.Tensor]
-    backing: list  # every tensor whose bytes make up the cache
+    backing: list[torch.Tensor]  # every tensor whose bytes make up the cache
 
     @property
     def num_pages(self) -> int:
@@ -73,43 +73,50 @@ def make_engine(
     tp_size: int = 1,
 ) -> Engine:
     shape = (tokens, heads, head_size)
-    kw = {"pages_per_block": pages_per_block, "tp_size": tp_size}
 
     def u8(t: torch.Tensor) -> torch.Tensor:
         return t.contiguous().view(torch.uint8) if t.is_contiguous() else _u8_view(t)
 
     if kind == "kv_first":
         ts = [torch.empty(2, pages, *shape, dtype=dtype, device=device) for _ in range(layers)]
-        layout = KVLayout.per_layer(ts, kv_first=True, **kw)
+        layout = KVLayout.per_layer(
+            ts, kv_first=True, pages_per_block=pages_per_block, tp_size=tp_size
+        )
         return Engine(kind, layout, ts, lambda lyr, kv, p: u8(ts[lyr][kv, p]), ts)
     if kind == "page_first":
         ts = [torch.empty(pages, 2, *shape, dtype=dtype, device=device) for _ in range(layers)]
-        layout = KVLayout.per_layer(ts, kv_first=False, **kw)
+        layout = KVLayout.per_layer(
+            ts, kv_first=False, pages_per_block=pages_per_block, tp_size=tp_size
+        )
         return Engine(kind, layout, ts, lambda lyr, kv, p: u8(ts[lyr][p, kv]), ts)
     if kind == "pairs":
-        ts = [
+        pairs = [
             (torch.empty(pages, *shape, dtype=dtype, device=device),
              torch.empty(pages, *shape, dtype=dtype, device=device))
             for _ in range(layers)
         ]  # fmt: skip
-        layout = KVLayout.per_layer(ts, **kw)
-        flat = [t for pair in ts for t in pair]
-        return Engine(kind, layout, ts, lambda lyr, kv, p: u8(ts[lyr][kv][p]), flat)
+        layout = KVLayout.per_layer(pairs, pages_per_block=pages_per_block, tp_size=tp_size)
+        flat = [t for pair in pairs for t in pair]
+        return Engine(kind, layout, pairs, lambda lyr, kv, p: u8(pairs[lyr][kv][p]), flat)
     if kind == "cross":
         t = torch.empty(pages, layers, 2, *shape, dtype=dtype, device=device)
-        layout = KVLayout.cross_layer(t, **kw)
+        layout = KVLayout.cross_layer(t, pages_per_block=pages_per_block, tp_size=tp_size)
         return Engine(kind, layout, [t], lambda lyr, kv, p: u8(t[p, lyr, kv]), [t])
     if kind == "cross_lkp":
         t = torch.empty(layers, 2, pages, *shape, dtype=dtype, device=device)
-        layout = KVLayout.cross_layer(t, order="LKPTHD", **kw)
+        layout = KVLayout.cross_layer(
+            t, order="LKPTHD", pages_per_block=pages_per_block, tp_size=tp_size
+        )
         return Engine(kind, layout, [t], lambda lyr, kv, p: u8(t[lyr, kv, p]), [t])
     if kind == "views_of_cross":
         # One cross-layer allocation seen through per-layer [2, pages, ...] views, as an
         # engine that keeps per-layer attention code but a contiguous-per-page buffer.
         buf = torch.empty(pages, layers, 2, *shape, dtype=dtype, device=device)
-        ts = [buf[:, lyr].transpose(0, 1) for lyr in range(layers)]
-        layout = KVLayout.per_layer(ts, kv_first=True, **kw)
-        return Engine(kind, layout, ts, lambda lyr, kv, p: u8(buf[p, lyr, kv]), [buf])
+        views = [buf[:, lyr].transpose(0, 1) for lyr in range(layers)]
+        layout = KVLayout.per_layer(
+            views, kv_first=True, pages_per_block=pages_per_block, tp_size=tp_size
+        )
+        return Engine(kind, layout, views, lambda lyr, kv, p: u8(buf[p, lyr, kv]), [buf])
     raise ValueError(kind)
 
 

@@ -28,7 +28,7 @@ LAYERS = 3
         ("pairs", 2 * LAYERS, 1),
     ],
 )
-def test_runs_per_block_with_one_page_per_block(kind, runs, run_fragments):
+def test_runs_per_block_with_one_page_per_block(kind: str, runs: int, run_fragments: int) -> None:
     layout = make_engine(kind, layers=LAYERS).layout
     assert layout.runs_per_block == runs
     assert set(layout.templates.length.tolist()) == {run_fragments * layout.page_bytes}
@@ -37,7 +37,7 @@ def test_runs_per_block_with_one_page_per_block(kind, runs, run_fragments):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_several_pages_per_block_interleave_fragments(kind):
+def test_several_pages_per_block_interleave_fragments(kind: str) -> None:
     layout = make_engine(kind, layers=LAYERS, pages_per_block=3).layout
     assert layout.tokens_per_block == 3 * layout.page_tokens
     assert layout.runs_per_block == 2 * LAYERS * 3
@@ -46,7 +46,7 @@ def test_several_pages_per_block_interleave_fragments(kind):
     assert t.canon.tolist() == [f * 3 * layout.page_bytes for f in range(2 * LAYERS)]
 
 
-def test_adjacent_pages_of_a_block_coalesce():
+def test_adjacent_pages_of_a_block_coalesce() -> None:
     layout = make_engine("kv_first", layers=LAYERS, pages_per_block=2).layout
     runs = make_runs(layout, np.array([[4, 5]]), np.array([0]))
     assert len(runs) == 2 * LAYERS  # pages 4 and 5 follow each other in every stream
@@ -57,7 +57,7 @@ def test_adjacent_pages_of_a_block_coalesce():
     assert len(uncoalesced) == 4 * LAYERS
 
 
-def test_split_runs_cuts_evenly():
+def test_split_runs_cuts_evenly() -> None:
     layout = make_engine("cross", layers=LAYERS).layout
     runs = make_runs(layout, np.array([[1], [2]]), np.array([0, 8192]))
     assert runs.length.tolist() == [768, 768]
@@ -67,7 +67,7 @@ def test_split_runs_cuts_evenly():
     assert pieces.buffer[4] == 8192
 
 
-def test_geometry_and_tensor_parallel_sizes():
+def test_geometry_and_tensor_parallel_sizes() -> None:
     eng = make_engine("page_first", layers=4, heads=2, head_size=8, tokens=4, tp_size=2)
     layout = eng.layout
     g = layout.geometry()
@@ -78,7 +78,7 @@ def test_geometry_and_tensor_parallel_sizes():
     assert g.rank_bytes == layout.rank_bytes
 
 
-def test_layout_errors_name_the_problem():
+def test_layout_errors_name_the_problem() -> None:
     t = torch.empty(2, 4, 3, 2, 8)
     with pytest.raises(ValueError, match="last three axes must be T H D"):
         KVLayout([t], "KPHTD")
@@ -96,7 +96,7 @@ def test_layout_errors_name_the_problem():
         KVLayout.per_layer([t], pages_per_block=0)
 
 
-def test_check_blocks_rejects_per_block():
+def test_check_blocks_rejects_per_block() -> None:
     layout = make_engine("kv_first", pages=8).layout
     c = check_blocks(layout, 4, [0, 9, 1, 2], [3, 0, 3, 1], "store")
     assert c.valid.tolist() == [False, False, False, True]  # 9: no such page; 3 twice
@@ -107,7 +107,7 @@ def test_check_blocks_rejects_per_block():
         check_blocks(layout, 4, [0, 1, 2], [3, 3], "load")
 
 
-def test_auto_chooses_dma_for_long_runs_and_the_small_method_for_fragments():
+def test_auto_chooses_dma_for_long_runs_and_the_small_method_for_fragments() -> None:
     p = MethodPolicy()
     assert p.choose(None, runs=100, nbytes=100 * 2 * 2**20) == "dma"
     assert p.choose(None, runs=6400, nbytes=6400 * 32 * 2**10) == "staged"
@@ -121,7 +121,7 @@ def test_auto_chooses_dma_for_long_runs_and_the_small_method_for_fragments():
         MethodPolicy("fastest")
 
 
-def test_import_kvtiers_does_not_import_torch():
+def test_import_kvtiers_does_not_import_torch() -> None:
     code = "import sys, kvtiers; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -5,7 +5,9 @@ native helper switched off."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import kvtiers.swap.cpu_backend as cpu_backend
 import numpy as np
@@ -27,10 +29,12 @@ from tests.swap.test_swapper import (  # re-run here on the numpy fallback
 
 try:
     from kvtiers.swap import _memcpy
-except ImportError:
-    _memcpy = None
 
-native = pytest.mark.skipif(_memcpy is None, reason="kvtiers.swap._memcpy was not built")
+    NATIVE = True
+except ImportError:  # the tests that use it are skipped
+    NATIVE = False
+
+native = pytest.mark.skipif(not NATIVE, reason="kvtiers.swap._memcpy was not built")
 
 __all__ = [
     "test_concurrent_store_and_load_jobs",
@@ -46,12 +50,14 @@ __all__ = [
 
 
 @pytest.fixture
-def backend():
+def backend() -> tuple[str, str | None]:
     return ("cpu", None)
 
 
 @pytest.fixture(autouse=True)
-def numpy_fallback(request, monkeypatch):
+def numpy_fallback(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """The imported swapper tests run with the native helper switched off, and check
     that the numpy path did the copying."""
     if request.node.function.__module__ == __name__:
@@ -59,13 +65,20 @@ def numpy_fallback(request, monkeypatch):
         return
     calls = []
     copy_rows = cpu_backend._copy_rows
+
+    def counted(*a: Any) -> None:
+        calls.append(1)
+        copy_rows(*a)
+
     monkeypatch.setattr(cpu_backend, "_memcpy", None)
-    monkeypatch.setattr(cpu_backend, "_copy_rows", lambda *a: calls.append(1) or copy_rows(*a))
+    monkeypatch.setattr(cpu_backend, "_copy_rows", counted)
     yield
     assert calls, "the numpy path never ran"
 
 
-def _layout(rng, n, size, max_len):
+def _layout(
+    rng: np.random.Generator, n: int, size: int, max_len: int
+) -> tuple[np.ndarray, np.ndarray]:
     """`n` disjoint ranges of random lengths in random order within `size` bytes."""
     lengths = rng.integers(0, max_len, n)
     gaps = rng.integers(0, 64, n)
@@ -77,7 +90,7 @@ def _layout(rng, n, size, max_len):
 
 @native
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_copy_batch_random_layout(threads):
+def test_copy_batch_random_layout(threads: int) -> None:
     rng = np.random.default_rng(threads)
     n, size = 300, 8 << 20
     src = rng.integers(0, 256, size, dtype=np.uint8)
@@ -97,7 +110,7 @@ def test_copy_batch_random_layout(threads):
 
 
 @native
-def test_copy_batch_edges():
+def test_copy_batch_edges() -> None:
     a = np.arange(64, dtype=np.uint8)
     b = np.zeros(64, np.uint8)
     addr = np.array([b.ctypes.data], np.int64), np.array([a.ctypes.data], np.int64)
@@ -120,7 +133,7 @@ def test_copy_batch_edges():
         _memcpy.copy_batch(np.zeros(4, np.int64)[::2], addr[1], np.zeros(2, np.int64), 1)
 
 
-def _job(rng, regions_bytes, row, n):
+def _job(rng: np.random.Generator, regions_bytes: list[int], row: int, n: int) -> Runs:
     """Runs of `n` random rows from random regions into random buffer rows."""
     rows = [(r, k) for r, size in enumerate(regions_bytes) for k in range(size // row)]
     region, k = np.array(rows, np.int64)[rng.permutation(len(rows))[:n]].T
@@ -132,7 +145,9 @@ def _job(rng, regions_bytes, row, n):
 @native
 @pytest.mark.parametrize("to_buffer", [True, False])
 @pytest.mark.parametrize("row", [32 * 1024, 256 * 1024 + 8])
-def test_native_and_numpy_paths_agree(monkeypatch, to_buffer, row):
+def test_native_and_numpy_paths_agree(
+    monkeypatch: pytest.MonkeyPatch, to_buffer: bool, row: int
+) -> None:
     """A job of several MiB (the native path splits it over two threads) gives the
     same bytes as the numpy path."""
     rng = np.random.default_rng(row)
@@ -171,7 +186,7 @@ def test_native_and_numpy_paths_agree(monkeypatch, to_buffer, row):
         {"length": -8},
     ],
 )
-def test_native_path_checks_bounds(bad):
+def test_native_path_checks_bounds(bad: dict[str, int]) -> None:
     regions = [torch.zeros(9 * 64, dtype=torch.uint8), torch.zeros(64, dtype=torch.uint8)]
     buffer = torch.ones(1024, dtype=torch.uint8)
     fields = {"region": 0, "engine": 0, "buffer": 0, "length": 64, **bad}

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-
 from kvtiers.swap.plan import Runs, split_at_boundaries
 
 
-def test_runs_are_cut_at_every_edge_and_cover_the_same_bytes():
+def test_runs_are_cut_at_every_edge_and_cover_the_same_bytes() -> None:
     rng = np.random.default_rng(3)
     base, step = 4096, 3 * 8192
     n = 200
@@ -32,7 +31,7 @@ def test_runs_are_cut_at_every_edge_and_cover_the_same_bytes():
     assert i == len(cut)
 
 
-def test_runs_inside_one_registration_are_left_alone():
+def test_runs_inside_one_registration_are_left_alone() -> None:
     runs = Runs(np.zeros(2, np.int64), np.array([0, 100]), np.array([0, 8192]),
                 np.array([4096, 4096]))
     assert split_at_boundaries(runs, 0, 1 << 20) is runs

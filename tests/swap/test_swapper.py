@@ -4,16 +4,21 @@ CPU backend and, where CUDA is present, on the CUDA backend with every method.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 from kvtiers.jobs import FailureReason, JobResult
 from kvtiers.pool import CpuPool
 from kvtiers.pool_view import round_up
-from kvtiers.swap import DeviceSwapper, SwapResult
+from kvtiers.swap import DeviceSwapper, KVLayout, SwapResult
 
 from tests.swap.conftest import CUDA, collect, cuda_only
-from tests.swap.kv import KINDS, make_engine, random_pool
+from tests.swap.kv import KINDS, Engine, make_engine, random_pool
+
+Backend = tuple[str, str | None]  # (device, CUDA copy method)
 
 BACKENDS = [
     pytest.param(("cpu", None), id="cpu"),
@@ -25,11 +30,29 @@ BACKENDS = [
 
 
 @pytest.fixture(params=BACKENDS)
-def backend(request):
-    return request.param
+def backend(request: pytest.FixtureRequest) -> Backend:
+    param: Backend = request.param
+    return param
 
 
-def swapper_for(backend, layouts, pools, rank=0, **kw) -> DeviceSwapper:
+def names(values: Iterable[object]) -> list[object]:
+    """A result's block names as plain objects: without keys at submit, the swapper
+    names blocks by their index in the job (ints), where `JobResult` says keys."""
+    return list(values)
+
+
+def failures(result: JobResult) -> dict[object, FailureReason]:
+    """`result.failed` by block name (see `names`)."""
+    return {name: reason for name, reason in result.failed.items()}
+
+
+def swapper_for(
+    backend: Backend,
+    layouts: KVLayout | Sequence[KVLayout],
+    pools: Any,
+    rank: int = 0,
+    **kw: Any,
+) -> DeviceSwapper:
     device, method = backend
     if device == "cuda":
         kw.setdefault("method", method)
@@ -37,11 +60,20 @@ def swapper_for(backend, layouts, pools, rank=0, **kw) -> DeviceSwapper:
     return DeviceSwapper(layouts, pools, rank, **kw)
 
 
-def pool_for(layout, num_slots, gen, device, extra=0):
+def pool_for(
+    layout: KVLayout, num_slots: int, gen: torch.Generator, device: str, extra: int = 0
+) -> torch.Tensor:
     return random_pool(num_slots, round_up(layout.block_bytes + extra), gen, pin=device == "cuda")
 
 
-def store_load_check(eng, swap, pool, gen, blocks, job_base=0):
+def store_load_check(
+    eng: Engine,
+    swap: DeviceSwapper,
+    pool: torch.Tensor,
+    gen: torch.Generator,
+    blocks: int,
+    job_base: int = 0,
+) -> torch.Tensor:
     """Store `blocks` random blocks into random slots, check the slots byte for byte
     (and that nothing else changed), poison the engine, load them into other random
     pages and check those pages (and that nothing else changed)."""
@@ -80,7 +112,9 @@ def store_load_check(eng, swap, pool, gen, blocks, job_base=0):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("pages_per_block", [1, 2])
-def test_round_trip_every_layout(backend, kind, pages_per_block, gen):
+def test_round_trip_every_layout(
+    backend: Backend, kind: str, pages_per_block: int, gen: torch.Generator
+) -> None:
     device = backend[0]
     eng = make_engine(kind, device=device, pages_per_block=pages_per_block)
     eng.fill_random(gen)
@@ -90,7 +124,7 @@ def test_round_trip_every_layout(backend, kind, pages_per_block, gen):
         assert swap.pending() == 0
 
 
-def test_fp32_and_odd_sizes(backend, gen):
+def test_fp32_and_odd_sizes(backend: Backend, gen: torch.Generator) -> None:
     # head_size 3 of float32: 12-byte rows, fragments not multiples of 8 bytes.
     device = backend[0]
     if device == "cuda" and backend[1] in ("kernel", "staged"):
@@ -104,7 +138,7 @@ def test_fp32_and_odd_sizes(backend, gen):
         store_load_check(eng, swap, pool, gen, blocks=4)
 
 
-def test_every_page_and_slot_in_random_order(backend, gen):
+def test_every_page_and_slot_in_random_order(backend: Backend, gen: torch.Generator) -> None:
     device = backend[0]
     eng = make_engine("page_first", device=device, pages=16, layers=2)
     eng.fill_random(gen)
@@ -113,7 +147,9 @@ def test_every_page_and_slot_in_random_order(backend, gen):
         store_load_check(eng, swap, pool, gen, blocks=16)
 
 
-def test_consecutive_pages_into_consecutive_slots(backend, gen):
+def test_consecutive_pages_into_consecutive_slots(
+    backend: Backend, gen: torch.Generator
+) -> None:
     """Coalescing across blocks must still put every byte in its place."""
     device = backend[0]
     eng = make_engine("cross", device=device, pages=10)
@@ -131,7 +167,9 @@ def test_consecutive_pages_into_consecutive_slots(backend, gen):
 
 
 @pytest.mark.parametrize("chunk", [1, 1024])
-def test_jobs_larger_than_the_copy_buffers(backend, chunk, gen):
+def test_jobs_larger_than_the_copy_buffers(
+    backend: Backend, chunk: int, gen: torch.Generator
+) -> None:
     """Many chunks per job: the CPU copy buffer (one row, or 8 rows shared by two
     threads) and the CUDA staging buffer hold only a couple of blocks."""
     device = backend[0]
@@ -143,7 +181,9 @@ def test_jobs_larger_than_the_copy_buffers(backend, chunk, gen):
         store_load_check(eng, swap, pool, gen, blocks=11)
 
 
-def test_tp_ranks_write_disjoint_parts_of_one_slot(backend, gen):
+def test_tp_ranks_write_disjoint_parts_of_one_slot(
+    backend: Backend, gen: torch.Generator
+) -> None:
     device = backend[0]
     tp = 2
     engines = [make_engine("kv_first", device=device, tp_size=tp) for _ in range(tp)]
@@ -182,7 +222,7 @@ def test_tp_ranks_write_disjoint_parts_of_one_slot(backend, gen):
             s.close()
 
 
-def test_groups_with_different_page_sizes(backend, gen):
+def test_groups_with_different_page_sizes(backend: Backend, gen: torch.Generator) -> None:
     device = backend[0]
     full = make_engine("kv_first", device=device, layers=2, tokens=8, pages=10)
     window = make_engine("page_first", device=device, layers=3, tokens=4, heads=1, pages=6)
@@ -199,7 +239,7 @@ def test_groups_with_different_page_sizes(backend, gen):
         assert torch.equal(pools[1][0, : window.layout.block_bytes], window.page_bytes_of(2).cpu())
 
 
-def test_concurrent_store_and_load_jobs(backend, gen):
+def test_concurrent_store_and_load_jobs(backend: Backend, gen: torch.Generator) -> None:
     device = backend[0]
     eng = make_engine("cross", device=device, pages=64, layers=4)
     eng.fill_random(gen)
@@ -227,7 +267,9 @@ def test_concurrent_store_and_load_jobs(backend, gen):
         assert stats.jobs == {"store": 8, "load": 8} and stats.failed_jobs == 0
 
 
-def test_failures_are_results_and_valid_blocks_still_move(backend, gen):
+def test_failures_are_results_and_valid_blocks_still_move(
+    backend: Backend, gen: torch.Generator
+) -> None:
     device = backend[0]
     eng = make_engine("kv_first", device=device, pages=8)
     eng.fill_random(gen)
@@ -250,40 +292,43 @@ def test_failures_are_results_and_valid_blocks_still_move(backend, gen):
         assert "page outside" in r.error and "slot outside" in r.error
         assert r.bytes_moved == 2 * eng.layout.rank_bytes
         assert torch.equal(pool[2, : eng.layout.block_bytes], eng.page_bytes_of(4).cpu())
-        assert res[2].ok == [2] and set(res[2].failed) == {0, 1}
+        assert names(res[2].ok) == [2] and set(names(res[2].failed)) == {0, 1}
         assert torch.equal(pool[1, : eng.layout.block_bytes], eng.page_bytes_of(3).cpu())
-        assert res[3].ok == [] and set(res[3].failed) == {0, 1}
-        assert res[4].ok == [0] and res[4].failed == {1: FailureReason.REJECTED}
+        assert res[3].ok == [] and set(names(res[3].failed)) == {0, 1}
+        assert names(res[4].ok) == [0]
+        assert failures(res[4]) == {1: FailureReason.REJECTED}
         assert torch.equal(eng.page_bytes_of(6).cpu(), pool[3, : eng.layout.block_bytes])
-        assert res[5].ok == [] and set(res[5].failed) == {0} and "bad job" in res[5].error
-        assert res[6].failed == {0: FailureReason.REJECTED}
+        assert res[5].ok == [] and set(names(res[5].failed)) == {0}
+        assert "bad job" in res[5].error
+        assert failures(res[6]) == {0: FailureReason.REJECTED}
         assert res[7].success and res[7].ok == [] and res[7].bytes_moved == 0
         with pytest.raises(ValueError, match="group"):
             swap.submit_store(8, [1], [1], group=3)
     swap.submit_store(9, [1], [1])
     (r,) = swap.get_finished()
-    assert r.failed == {0: FailureReason.CLOSED}
+    assert failures(r) == {0: FailureReason.CLOSED}
 
 
-def test_copy_error_is_an_io_failure(backend, gen, monkeypatch):
+def test_copy_error_is_an_io_failure(
+    backend: Backend, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     device = backend[0]
     eng = make_engine("cross", device=device)
     eng.fill_random(gen)
     pool = pool_for(eng.layout, 4, gen, device)
     with swapper_for(backend, eng.layout, pool) as swap:
+        import kvtiers.swap.cpu_backend
+        import kvtiers.swap.cuda_backend
+
         if device == "cpu":
-            import kvtiers.swap.cpu_backend as mod
-
-            target = "copy_runs"
+            mod, target = kvtiers.swap.cpu_backend.__name__, "copy_runs"
         else:
-            import kvtiers.swap.cuda_backend as mod
+            mod, target = kvtiers.swap.cuda_backend.__name__, "make_runs"
 
-            target = "make_runs"
-
-        def boom(*a, **k):
+        def boom(*a: object, **k: object) -> None:
             raise RuntimeError("injected")
 
-        monkeypatch.setattr(mod, target, boom)
+        monkeypatch.setattr(f"{mod}.{target}", boom)
         swap.submit_store(1, [0, 1], [2, 3], keys=[b"x", b"y"])
         r = collect(swap, [1])[1]
         assert r.failed == {b"x": FailureReason.IO, b"y": FailureReason.IO}
@@ -293,7 +338,7 @@ def test_copy_error_is_an_io_failure(backend, gen, monkeypatch):
         assert collect(swap, [2])[2].success
 
 
-def test_wait_then_results(backend, gen):
+def test_wait_then_results(backend: Backend, gen: torch.Generator) -> None:
     device = backend[0]
     eng = make_engine("kv_first", device=device, pages=32)
     eng.fill_random(gen)
@@ -311,7 +356,7 @@ def test_wait_then_results(backend, gen):
             swap.submit_store(3, [1], [1])
 
 
-def test_cpu_pool_object_is_accepted(gen):
+def test_cpu_pool_object_is_accepted(gen: torch.Generator) -> None:
     eng = make_engine("pairs")
     eng.fill_random(gen)
     with CpuPool(eng.layout.block_bytes, 8 * round_up(eng.layout.block_bytes), pin=False) as pool:
@@ -324,7 +369,9 @@ def test_cpu_pool_object_is_accepted(gen):
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("method", ["dma", "kernel", "staged"])
-def test_cuda_registered_cpu_pool_and_store_after_compute(method, gen):
+def test_cuda_registered_cpu_pool_and_store_after_compute(
+    method: str, gen: torch.Generator
+) -> None:
     """A real pinned pool (cudaHostRegister, Portable|Mapped); the store is queued
     right behind the kernel that writes the KV, and must see its result."""
     eng = make_engine("kv_first", device="cuda", pages=16)
@@ -345,7 +392,9 @@ def test_cuda_registered_cpu_pool_and_store_after_compute(method, gen):
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("kind,method", [("cross", "dma"), ("kv_first", "staged")])
-def test_cuda_copies_never_span_two_pool_registrations(kind, method, gen):
+def test_cuda_copies_never_span_two_pool_registrations(
+    kind: str, method: str, gen: torch.Generator
+) -> None:
     """The pool is registered in chunks of 3 slots: consecutive slots coalesce into
     runs that would cross a registration edge, which one DMA may not do."""
     # 32 KiB blocks: slots have no padding, so consecutive slots are contiguous.

@@ -11,7 +11,7 @@ it has not seen, as a shared tier probing its store would.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from kvtiers import LookupResult, SecondaryTier, TierContext
 from kvtiers.keys import BlockKey
@@ -25,9 +25,9 @@ def forget_stores() -> None:
 
 
 class StickyMemoryTier(MemoryTier):
-    persistent: ClassVar[bool] = True
-    shared: ClassVar[bool] = True
-    verifies: ClassVar[bool] = True
+    persistent = True
+    shared = True
+    verifies = True
 
     def __init__(self, ctx: TierContext, config: Mapping[str, Any]):
         self.store_id: str = config["store_id"]

@@ -1,11 +1,13 @@
 """The conformance suite checked against itself: every test runs (capabilities
-included) on a tier that declares them all, and broken tiers make it fail."""
+included) on tiers that declare them all, and broken tiers make it fail: each
+test of the kit is shown to fail on the bug it is about (`ToyTier`'s switches),
+while the tier without the bug passes the whole suite."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from kvtiers import FailureReason, JobResult, SecondaryTier, TierContext, TransferJob
@@ -21,6 +23,7 @@ from kvtiers.testing import (
 from kvtiers.tiers import FaultyTier, MemoryTier
 
 from .sticky_tier import StickyMemoryTier, forget_stores, reopen
+from .toy_tier import BUGS, ToyTier
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +49,47 @@ class TestStickyMemoryTier(TierConformance):
 
     def sibling(self, tier: SecondaryTier, ctx: TierContext) -> SecondaryTier:
         return reopen(tier, ctx)
+
+
+class TestToyTier(TierConformance):
+    """Two I/O threads, loads first; takes `eviction_policy` (the order tests ask
+    for "lru"); runs the other tests under ARC."""
+
+    concurrent_jobs = True
+    options: ClassVar[dict[str, Any]] = {}
+
+    def make_tier(
+        self, ctx: TierContext, capacity_bytes: int, eviction_policy: str = "arc"
+    ) -> SecondaryTier:
+        return ToyTier(ctx, {"capacity_bytes": capacity_bytes,
+                             "eviction_policy": eviction_policy, **self.options})
+
+    def corrupt(self, tier: SecondaryTier, key: BlockKey) -> None:
+        assert isinstance(tier, ToyTier)
+        tier.damage(key)
+
+    def truncate(self, tier: SecondaryTier, key: BlockKey) -> None:
+        assert isinstance(tier, ToyTier)
+        tier.cut(key)
+
+
+class TestToyTierSerialStoresFirst(TestToyTier):
+    """One I/O thread that takes stores before loads: a load waits behind stores."""
+
+    concurrent_jobs = False
+    options: ClassVar[dict[str, Any]] = {"threads": 1, "loads_first": False}
+
+
+class TestToyTierUnderSieve(TestToyTier):
+    """A policy the suite cannot choose (make_tier takes none) and says is not LRU:
+    the order tests are skipped, every other test holds."""
+
+    eviction_order = None
+
+    def make_tier(  # type: ignore[override]
+        self, ctx: TierContext, capacity_bytes: int
+    ) -> SecondaryTier:
+        return super().make_tier(ctx, capacity_bytes, eviction_policy="sieve")
 
 
 # Broken tiers: the suite must catch each of them.
@@ -160,3 +204,119 @@ def test_run_job_returns_the_result_of_one_job() -> None:
         assert set(missing.failed.values()) == {FailureReason.MISSING}
     finally:
         tier.close()
+
+
+# Each bug of ToyTier, and the test of the kit that catches it.
+
+
+class _Toy(TestToyTier):
+    timeout_s = 1.0  # a held gate or a lost result costs this, not the default bound
+
+
+def _toy(bugs: set[str], **options: Any) -> _Toy:
+    class Suite(_Toy):
+        pass
+
+    Suite.options = {"bugs": sorted(bugs), **options}
+    Suite.concurrent_jobs = options.get("threads", 2) > 1
+    return Suite()
+
+
+CAUGHT = [
+    # (bug, tier options, the test that catches it, what its message says)
+    ("no_pin", {"threads": 1, "loads_first": False},
+     "test_load_submitted_during_a_store_keeps_its_blocks", "not pinned at submit_load"),
+    ("no_pin", {}, "test_block_being_loaded_is_not_evicted", "in flight"),
+    ("hit_early", {}, "test_store_is_no_hit_before_its_bytes_are_in", "still copying"),
+    ("evict_own", {}, "test_store_job_never_evicts_its_own_new_blocks", "own"),
+    ("evict_own", {}, "test_store_job_never_evicts_its_present_blocks", "already present"),
+    ("no_touch", {}, "test_touch_refreshes_recency", "touch is ignored"),
+    ("load_no_refresh", {}, "test_load_refreshes_recency", "refresh recency"),
+    ("report_early", {}, "test_no_result_while_the_jobs_io_runs", "still inside"),
+    ("report_again", {}, "test_store_then_load_round_trip", "reported twice"),
+    ("report_again", {}, "test_close_is_idempotent_and_later_jobs_fail_closed",
+     "reported twice"),
+    ("blocking_lookup", {}, "test_scheduler_calls_do_not_wait_for_io", "waited"),
+    ("half_ok", {}, "test_truncated_copy_fails_load_then_misses", "cut short"),
+    ("no_write_stats", {}, "test_stats_count_each_block_and_answer", "stored 4 blocks"),
+    ("no_eviction_count", {}, "test_capacity_bound_evicts_oldest", "evictions counted"),
+    ("no_deadline", {}, "test_job_past_its_deadline_times_out_without_io",
+     "did not time out"),
+    ("slot_error_ok", {}, "test_a_slot_the_tier_cannot_reach_fails_its_key_only",
+     "did not fail that key"),
+    ("ignore_group", {}, "test_keys_differing_only_in_group_are_distinct", "group"),
+]
+
+
+def test_every_bug_is_caught_by_some_test() -> None:
+    assert {bug for bug, *_ in CAUGHT} == set(BUGS)
+
+
+@pytest.mark.parametrize(
+    "bug, options, name, message", CAUGHT, ids=[f"{c[0]}-{c[2][5:]}" for c in CAUGHT]
+)
+def test_suite_catches_each_bug(
+    bug: str, options: dict[str, Any], name: str, message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(AssertionError, match=message):
+        run_suite_test(_toy({bug}, **options), name, tmp_path)
+
+
+@pytest.mark.parametrize("bug, options, name, message", CAUGHT,
+                         ids=[f"{c[0]}-{c[2][5:]}" for c in CAUGHT])
+def test_the_same_tier_without_the_bug_passes(
+    bug: str, options: dict[str, Any], name: str, message: str, tmp_path: Path
+) -> None:
+    run_suite_test(_toy(set(), **options), name, tmp_path)
+
+
+def test_order_tests_are_skipped_when_the_order_is_unknown(tmp_path: Path) -> None:
+    with pytest.raises(pytest.skip.Exception, match="eviction order is unknown"):
+        run_suite_test(TestToyTierUnderSieve(), "test_touch_refreshes_recency", tmp_path)
+
+
+def test_order_tests_ask_for_lru_when_make_tier_takes_a_policy(tmp_path: Path) -> None:
+    asked: list[str | None] = []
+
+    class Recording(TestToyTier):
+        def make_tier(
+            self, ctx: TierContext, capacity_bytes: int, eviction_policy: str = "arc"
+        ) -> SecondaryTier:
+            asked.append(eviction_policy)
+            return super().make_tier(ctx, capacity_bytes, eviction_policy)
+
+    run_suite_test(Recording(), "test_touch_refreshes_recency", tmp_path)
+    run_suite_test(Recording(), "test_store_then_load_round_trip", tmp_path)
+    assert asked == ["lru", "arc"]
+
+
+def test_the_in_flight_test_needs_concurrent_jobs(tmp_path: Path) -> None:
+    with pytest.raises(pytest.skip.Exception, match="concurrent_jobs"):
+        run_suite_test(TestToyTierSerialStoresFirst(), "test_block_being_loaded_is_not_evicted",
+                       tmp_path)
+
+
+def test_a_tier_that_copies_on_the_callers_thread_is_named(tmp_path: Path) -> None:
+    """The gated tests say so when the tier never reaches the pool from its own
+    threads (here: it copies inside submit_store, which it must not)."""
+
+    class CopiesInSubmit(ToyTier):
+        def __init__(self, ctx: TierContext, config: dict[str, Any]):
+            super().__init__(ctx, config)
+            self._done: list[JobResult] = []
+
+        def submit_store(self, job: TransferJob) -> None:
+            self._done.append(self._store(job))
+
+        def get_finished_jobs(self) -> list[JobResult]:
+            done, self._done = self._done, []
+            return done + super().get_finished_jobs()
+
+    class Suite(_Toy):
+        def make_tier(
+            self, ctx: TierContext, capacity_bytes: int, eviction_policy: str = "arc"
+        ) -> SecondaryTier:
+            return CopiesInSubmit(ctx, {"capacity_bytes": capacity_bytes})
+
+    with pytest.raises(AssertionError, match="never reached slot"):
+        run_suite_test(Suite(), "test_store_is_no_hit_before_its_bytes_are_in", tmp_path)

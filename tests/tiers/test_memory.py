@@ -283,3 +283,19 @@ def test_registered_record(ctx: TierContext) -> None:
     record = get_registry().get_tier("memory").record
     assert isinstance(record, TierRecord) and record.load() is MemoryTier
     assert MemoryTier.verifies and not MemoryTier.persistent and not MemoryTier.shared
+
+
+def test_blocks_that_leave_are_reported_to_the_context_events(
+    ctx: TierContext, tiers: list[SecondaryTier]
+) -> None:
+    ctx.events.enable()
+    tier = memory(ctx, tiers, capacity_bytes=2 * BB)
+    jobs = JobTracker(tier)
+    a, b, c = random_keys(3)
+    store_one_by_one(tier, jobs, [a, b, c])  # c evicts a
+    assert ctx.events.take() == [a]
+    assert tier.damage(b)
+    assert jobs.run_load([b], [5]).failed == {b: FailureReason.CORRUPT}
+    assert ctx.events.take() == [b]
+    tier.close()  # the RAM is freed: c leaves too
+    assert ctx.events.take() == [c]

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from kvtiers import FailureReason, KvtiersError, LookupResult, SecondaryTier, TierContext
 from kvtiers.testing import (
     JobTracker,
@@ -123,3 +122,21 @@ def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     path.write_bytes(random.Random(9).randbytes(8192))
     with pytest.raises(KvtiersError, match=f"cannot open {path}: file is not a database"):
         SqliteTier(context(), {"path": str(path), "capacity_bytes": BLOCK})
+
+
+def test_rows_of_this_namespace_that_leave_are_reported(open_tier: OpenTier) -> None:
+    old, new = context("old-model"), context("new-model")
+    tier = open_tier(old, capacity_blocks=2)
+    old_keys = random_keys(2)
+    fill_slots(old.pool, range(2))
+    assert JobTracker(tier).run_store(old_keys, range(2)).success
+    tier.close()
+    tier = open_tier(new, capacity_blocks=2)
+    new.events.enable()
+    keys = random_keys(3)
+    fill_slots(new.pool, range(3))
+    jobs = JobTracker(tier)
+    assert jobs.run_store(keys[:2], range(2)).success  # the old model's rows make way...
+    assert new.events.take() == []  # ...and are not this tier's keys
+    assert jobs.run_store(keys[2:], [2]).success
+    assert new.events.take() == [keys[0]]

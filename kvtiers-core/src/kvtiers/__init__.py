@@ -1,10 +1,12 @@
 """kvtiers: move the KV cache of LLM inference engines across storage tiers.
 
 The top level re-exports the contracts that tiers and engines import. It must stay
-free of torch so that the CLI, config and plugin listing start fast.
+free of torch: the CLI, config and plugin listing start fast, and the scheduler side
+and every tier run where torch is not installed (it is the extra `kvtiers-core[torch]`,
+for the worker side and the bench).
 """
 
-from kvtiers.errors import ConfigError, KvtiersError, PluginError
+from kvtiers.errors import ConfigError, KvtiersError, MissingExtraError, PluginError
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey, key_group, make_key
 from kvtiers.lookup import LookupResult
@@ -26,6 +28,7 @@ __all__ = [
     "JobResult",
     "KvtiersError",
     "LookupResult",
+    "MissingExtraError",
     "Namespace",
     "ParentManager",
     "PluginError",

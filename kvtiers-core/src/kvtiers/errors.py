@@ -41,7 +41,7 @@ class _Remark:
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and (self.path, self.message) == (
-            other.path, other.message)  # type: ignore[attr-defined]
+            other.path, other.message)
 
     def __hash__(self) -> int:
         return hash((self.path, self.message))
@@ -58,6 +58,18 @@ class PluginError(KvtiersError):
     version, or registers a name another distribution registers too."""
 
 
+class MissingExtraError(KvtiersError, ImportError):
+    """A feature needs an optional dependency that is not installed (torch, for the
+    worker side and the bench). `extra` names the kvtiers-core extra that brings it
+    (`pip install 'kvtiers-core[<extra>]'`); the message says how to install it.
+    An `ImportError`, so `except ImportError` around an optional feature still works."""
+
+    def __init__(self, message: str, *, extra: str, package: str):
+        super().__init__(message, name=package)
+        self.extra = extra
+        self.package = package
+
+
 class UnknownNameError(KvtiersError, LookupError):
     """A tier or policy name nobody registered; the message lists the installed ones."""
 
@@ -66,5 +78,13 @@ class ConfigNote(_Remark):
     """Something worth knowing about a valid config, found by a tier's machine check
     (`TierRecord.check` may return these among its problems): where and what.
     `kvtiers validate` prints it; nothing is refused."""
+
+    __slots__ = ()
+
+
+class ConfigWarning(_Remark):
+    """Something a tier's machine check (`TierRecord.check`) found that will likely
+    go wrong but need not (a capacity above the free space now): where and what.
+    `kvtiers validate` prints it as a warning; nothing is refused."""
 
     __slots__ = ()

@@ -7,13 +7,15 @@ _UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 def format_bytes(n: int) -> str:
     """`2 GiB`, `1.5 TiB`, `512 bytes`: exact units print without decimals."""
-    value = float(n)
     unit = 0
-    while abs(value) >= 1024 and unit < len(_UNITS) - 1:
-        value /= 1024
+    while abs(n) >= 1024 ** (unit + 1) and unit < len(_UNITS) - 1:
         unit += 1
     if unit == 0:
         return f"{n} bytes"
-    if value.is_integer():
-        return f"{int(value)} {_UNITS[unit]}"
-    return f"{value:.1f} {_UNITS[unit]}"
+    whole, rest = divmod(abs(n), 1024**unit)
+    sign = "-" if n < 0 else ""
+    if rest == 0:
+        return f"{sign}{whole} {_UNITS[unit]}"
+    # Integer arithmetic: any int prints (a float overflows past 10^308).
+    tenths = (abs(n) * 10 + 1024**unit // 2) // 1024**unit
+    return f"{sign}{tenths // 10}.{tenths % 10} {_UNITS[unit]}"

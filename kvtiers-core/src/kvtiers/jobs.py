@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from kvtiers.keys import BlockKey
 
 
-class FailureReason(str, enum.Enum):
+# Not enum.StrEnum (3.11+): kvtiers-core supports Python 3.10.
+class FailureReason(str, enum.Enum):  # noqa: UP042
     """Why one key of a job failed. Every reason is a miss to the engine, never an error."""
 
     MISSING = "missing"  # the tier does not hold the block (any more)

@@ -28,9 +28,12 @@ class ParentManager(ABC):
     def complete_store_job(self, job_id: int) -> None:
         """The bytes of the job were shipped (or the attempt ended): unpin its slots."""
 
-    def on_request_start(self, request_id: str, params: Mapping[str, Any] | None = None) -> None:
+    # Optional hooks, not abstract: a manager that keeps no per-request state needs neither.
+    def on_request_start(  # noqa: B027 - an optional hook; the default does nothing
+        self, request_id: str, params: Mapping[str, Any] | None = None
+    ) -> None:
         """A peer's request started using this manager's blocks; `params` are its
         transfer parameters. Default: nothing."""
 
-    def on_request_finished(self, request_id: str) -> None:
+    def on_request_finished(self, request_id: str) -> None:  # noqa: B027 - as above
         """A peer's request finished. Default: nothing."""

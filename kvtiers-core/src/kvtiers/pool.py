@@ -18,7 +18,9 @@ Threading: create, attach and close from one thread, and close only after every 
 that touches the pool has ended (DMA into unregistered or unmapped memory is
 undefined). Disjoint slots may be read and written from any thread.
 
-Importing this module does not import torch; `tensor()` and pinning do.
+Importing this module does not import torch, and the pool works without it (the
+scheduler side and the tiers use `pool.view`); `tensor()` and pinning import it, and
+raise an error naming the extra (`kvtiers-core[torch]`) when it is missing.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import sys
 import weakref
 from typing import TYPE_CHECKING
 
+from kvtiers.extras import missing_torch
 from kvtiers.pool_groups import CpuPools, PoolPlan, plan_pools
 from kvtiers.pool_memory import (
     HEADER_BYTES,
@@ -294,9 +297,13 @@ class CpuPool:
     # ------------------------------------------------------------------ access
 
     def tensor(self) -> torch.Tensor:
-        """A `uint8` tensor `[num_slots, slot_bytes]` over the pool's memory (no copy)."""
+        """A `uint8` tensor `[num_slots, slot_bytes]` over the pool's memory (no copy).
+        Needs torch (`MissingExtraError` naming `kvtiers-core[torch]` without it)."""
         self._check_open()
-        import torch
+        try:
+            import torch
+        except ImportError as exc:
+            raise missing_torch("CpuPool.tensor()", exc) from exc
 
         # A fresh memoryview per tensor: it keeps a buffer export on the mapping for as
         # long as the tensor lives, so close() can never unmap memory a tensor still uses.

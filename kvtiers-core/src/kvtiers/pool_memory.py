@@ -35,8 +35,8 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from kvtiers.humanize import format_bytes
 from kvtiers.errors import KvtiersError
+from kvtiers.humanize import format_bytes
 from kvtiers.pool_view import ALIGN
 
 PAGE = mmap.PAGESIZE

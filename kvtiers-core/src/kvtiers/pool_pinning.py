@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
+from kvtiers.extras import missing_torch
 from kvtiers.pool_memory import PAGE, PinError, PoolSizeError, human_bytes
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,12 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 def cuda_status() -> tuple[bool, str]:
-    """(whether torch sees a CUDA device, why not in words)."""
+    """(whether torch sees a CUDA device, why not in words: without torch, the words
+    name the extra that brings it)."""
     try:
         import torch
-    except ImportError:
-        return False, "torch is not installed"
+    except ImportError as exc:
+        return False, str(missing_torch("registering the pool with CUDA", exc))
     if not torch.cuda.is_available():
         return False, f"torch {torch.__version__} sees no CUDA device"
     return True, ""
@@ -152,7 +154,7 @@ class _TorchRuntime:
     def __init__(self) -> None:
         import torch
 
-        self._rt: Any = torch.cuda.cudart()
+        self._rt: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # torch's stubs
         if not hasattr(self._rt, "cudaHostRegister"):
             raise PinError("this torch build's cudart bindings lack cudaHostRegister")
 

@@ -28,6 +28,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvtiers.clock import Clock, monotonic
+
+# The version of this contract (defined in `kvtiers.contract`, the history there).
+# A plugin record names the version it was written for; a mismatch is reported by
+# `kvtiers plugins` and breaks only configs selecting it.
+from kvtiers.contract import CONTRACT_VERSION as CONTRACT_VERSION
 from kvtiers.jobs import JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
@@ -43,11 +48,6 @@ if TYPE_CHECKING:
     from kvtiers.plugins.registry import Registry
     from kvtiers.policies.base import EvictionPolicy
 
-# Version of this contract. A plugin record names the version it was written for;
-# a mismatch is reported by `kvtiers plugins` and breaks only configs selecting it.
-# 2: TierContext.make_policy/build_tier/events, on_request_start(request_id, params),
-#    4-byte group index in keys (vLLM's OffloadKey), the SDK (kvtiers.sdk).
-CONTRACT_VERSION = 2
 
 
 @dataclass(frozen=True)

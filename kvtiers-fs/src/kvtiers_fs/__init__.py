@@ -2,7 +2,7 @@
 filesystems. Registered through the `kvtiers` entry point (`kvtiers_fs.plugin`).
 
 - `FsTier`: the tier (import it lazily: `kvtiers_fs.tier`).
-- `DualQueueThreadPool`: loads and stores on separate queues and threads.
+(Its dual-queue thread pool is the core's: `kvtiers.sdk.DualQueueThreadPool`.)
 - `list_namespaces(root)`: the models that keep blocks under a root directory.
 """
 
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvtiers_fs.dualqueue import DualQueueThreadPool
 from kvtiers_fs.namespaces import NamespaceInfo, list_namespaces
 
 if TYPE_CHECKING:
     from kvtiers_fs.tier import FsTier
 
-__all__ = ["DualQueueThreadPool", "FsTier", "NamespaceInfo", "list_namespaces"]
+__all__ = ["FsTier", "NamespaceInfo", "list_namespaces"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,7 @@
 """The `fs` tier's config schema, vLLM's names for its options, and the checks a
-schema cannot express (is the root directory there, and writable?).
+schema cannot express (is the root directory there and writable, does the capacity
+fit its filesystem?), and the capacity a vLLM config leaves out, derived from the
+filesystem.
 
 Imported by the plugin module, so it imports no tier code: `kvtiers plugins` and
 `kvtiers validate` stay fast.
@@ -7,14 +9,21 @@ Imported by the plugin module, so it imports no tier code: `kvtiers plugins` and
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from kvtiers.errors import ConfigNote, ConfigProblem
+from kvtiers.errors import ConfigError, ConfigNote, ConfigProblem
+from kvtiers.humanize import format_bytes
 
 from kvtiers_fs.namespaces import list_namespaces
+
+try:  # kvtiers-core 0.2 says warnings apart from notes; an older core gets notes
+    from kvtiers.errors import ConfigWarning
+except ImportError:  # pragma: no cover - depends on the installed core
+    ConfigWarning = ConfigNote  # type: ignore[misc,assignment]
 
 DEFAULT_THREADS = {"load": 8, "store": 8}
 
@@ -23,6 +32,15 @@ _THREADS = {
     "minimum": 1,
     "maximum": 256,
 }
+
+_ABSOLUTE = {
+    "type": "string",
+    "pattern": "^/[^\\x00]*$",
+    "title": "an absolute path",
+}
+
+# vLLM's fs tier has no capacity (it never evicts); kvtiers keeps every tier bounded.
+CAPACITY_SHARE = 0.9
 
 FS_SCHEMA: Mapping[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -33,14 +51,16 @@ FS_SCHEMA: Mapping[str, Any] = {
     "properties": {
         "root_dir": {
             "oneOf": [
-                {"type": "string", "pattern": "^/", "minLength": 2},
+                _ABSOLUTE,
                 {
                     "type": "array",
-                    "items": {"type": "string", "pattern": "^/", "minLength": 2},
+                    "items": _ABSOLUTE,
                     "minItems": 1,
                     "uniqueItems": True,
+                    "title": "a non-empty array of absolute paths",
                 },
             ],
+            "x-kvtiers": "own_directory",
             "description": (
                 "An existing directory (absolute path), or a list of them - e.g. one per "
                 "NVMe drive; blocks are spread over them by key hash, so every process "
@@ -52,11 +72,23 @@ FS_SCHEMA: Mapping[str, Any] = {
         "capacity_bytes": {
             "type": "integer",
             "minimum": 1,
+            "x-kvtiers-derive": {
+                "function": "kvtiers_fs.schema:derive_capacity",
+                "rule": (
+                    f"{CAPACITY_SHARE:.0%} of the space free on each root's filesystem "
+                    "(plus what kvtiers blocks already hold there), never more than "
+                    "its size"
+                ),
+            },
             "description": (
                 "Bytes this model's blocks may take on EACH root directory, counted as "
                 "files on disk (a 4 KiB header plus the block rounded up to 4 KiB), "
                 "whichever processes write them; every process sharing a root should "
-                "use the same value."
+                "use the same value. Must fit the root's filesystem. Required, except "
+                "in a vLLM kv_transfer_config (vLLM's fs tier has no such key): there "
+                f"it defaults to {CAPACITY_SHARE:.0%} of the space free on the root's "
+                "filesystem when the config is loaded, and `kvtiers validate` says how "
+                "much."
             ),
         },
         "eviction_policy": {
@@ -125,7 +157,12 @@ def root_dirs(options: Mapping[str, Any]) -> list[str]:
     roots = options.get("root_dir")
     if isinstance(roots, str):
         return [roots]
-    return [r for r in roots or () if isinstance(r, str)]
+    if isinstance(roots, (list, tuple)):
+        return [r for r in roots if isinstance(r, str)]
+    return []
+
+
+Remark = ConfigProblem | ConfigNote | ConfigWarning
 
 
 def check_options(options: Mapping[str, Any]) -> list[ConfigProblem]:
@@ -141,14 +178,15 @@ def check_options(options: Mapping[str, Any]) -> list[ConfigProblem]:
     return problems
 
 
-def check_machine(options: Mapping[str, Any]) -> list[ConfigProblem | ConfigNote]:
-    """The tier record's machine check (`kvtiers validate`): `check_options`, plus a
-    `ConfigNote` for each namespace (model) already on a usable root."""
-    problems: list[ConfigProblem | ConfigNote] = [*check_options(options)]
+def check_machine(options: Mapping[str, Any]) -> list[Remark]:
+    """The tier record's machine check (`kvtiers validate`): `check_options`; the
+    capacity against each filesystem (more than its size: a problem; more than it
+    has free: a warning); a `ConfigNote` for each namespace (model) already on a
+    usable root."""
+    problems: list[Remark] = [*check_options(options)]
     bad = {p.path for p in problems}
-    for path, root in _roots_with_paths(options):
-        if path in bad:
-            continue
+    usable = [(path, root) for path, root in _roots_with_paths(options) if path not in bad]
+    for path, root in usable:
         try:
             found = list_namespaces(root)
         except OSError:
@@ -156,7 +194,146 @@ def check_machine(options: Mapping[str, Any]) -> list[ConfigProblem | ConfigNote
         problems += [ConfigNote(path, f"fs tier: {root} holds namespace {ns} ({ns.path}); "
                                       "each model uses only its own")
                      for ns in found]
+        if _on_tmpfs(root):
+            problems.append(ConfigWarning(
+                path, f"fs tier: {root} is on a memory filesystem (tmpfs): its blocks "
+                "take RAM, up to capacity_bytes, on top of the CPU pool"))
+    capacity = options.get("capacity_bytes")
+    if isinstance(capacity, int) and not isinstance(capacity, bool):
+        problems += _check_capacity(capacity, [root for _, root in usable])
     return problems
+
+
+def derive_capacity(options: Mapping[str, Any]) -> tuple[int, str]:
+    """`capacity_bytes` for a vLLM config, which has none: CAPACITY_SHARE of the
+    space free on each root's filesystem now, counting the bytes kvtiers blocks
+    already hold there as free (a restart must not shrink the bound to what the
+    last run left over), never more than the filesystem's size, divided among the
+    roots on one filesystem; the smallest over the roots, whole MiB."""
+    roots = root_dirs(options)
+    unusable = [r for r in roots if check_root(r)]
+    if unusable or not roots:
+        raise ConfigError(ConfigProblem(
+            "$.capacity_bytes",
+            "not set (vLLM's fs tier has no such key), and kvtiers derives it from the "
+            "root's filesystem, which cannot be used (see root_dir); set capacity_bytes"))
+    per_root: list[tuple[int, _Space]] = []
+    for space in _spaces(roots):
+        budget = min(space.size, int(CAPACITY_SHARE * (space.free + space.held)))
+        per_root.append((budget // len(space.roots), space))
+    if not per_root:
+        raise ConfigError(ConfigProblem(
+            "$.capacity_bytes",
+            "not set (vLLM's fs tier has no such key), and the root's filesystem cannot "
+            "be examined to derive it; set capacity_bytes"))
+    capacity, space = min(per_root, key=lambda item: item[0])
+    capacity -= capacity % (1 << 20)
+    if space.size == 0:
+        raise ConfigError(ConfigProblem(
+            "$.capacity_bytes",
+            f"not set (vLLM's fs tier has no such key), and the filesystem of "
+            f"{space.roots[0]} reports no size (ramfs?) to derive it from; set "
+            "capacity_bytes"))
+    if capacity < 1 << 20:
+        raise ConfigError(ConfigProblem(
+            "$.capacity_bytes",
+            f"not set (vLLM's fs tier has no such key), and {space.roots[0]} has only "
+            f"{format_bytes(space.free)} free: too little to derive a capacity from; free "
+            "space there or set capacity_bytes"))
+    shared = f", shared by {len(space.roots)} roots" if len(space.roots) > 1 else ""
+    held = f" plus {format_bytes(space.held)} of kvtiers blocks" if space.held else ""
+    return capacity, (
+        f"not set (vLLM's fs tier has no such key): {format_bytes(capacity)} ({capacity} "
+        f"bytes) per root, {CAPACITY_SHARE:.0%} of the {format_bytes(space.free)} free"
+        f"{held} on the filesystem of {space.roots[0]} (size {format_bytes(space.size)}"
+        f"{shared}); set capacity_bytes to choose the bound yourself"
+    )
+
+
+class _Space:
+    """One filesystem under some of the roots: its size, what is free, what kvtiers
+    blocks already hold on those roots."""
+
+    def __init__(self, roots: list[str], size: int, free: int, held: int):
+        self.roots = roots
+        self.size = size
+        self.free = free
+        self.held = held
+
+
+def _spaces(roots: list[str]) -> list[_Space]:
+    by_device: dict[int, _Space] = {}
+    for root in roots:
+        try:
+            st = os.statvfs(root)
+            device = os.stat(root).st_dev
+        except OSError:
+            continue
+        held = 0
+        with contextlib.suppress(OSError):
+            held = sum(ns.bytes or 0 for ns in list_namespaces(root))
+        space = by_device.get(device)
+        if space is None:
+            by_device[device] = _Space([root], st.f_blocks * st.f_frsize,
+                                       st.f_bavail * st.f_frsize, held)
+        else:
+            space.roots.append(root)
+            space.held += held
+    return list(by_device.values())
+
+
+def _check_capacity(capacity: int, roots: list[str]) -> list[Remark]:
+    out: list[Remark] = []
+    for space in _spaces(roots):
+        if space.size == 0:  # ramfs and friends report no size: nothing to compare
+            continue
+        n = len(space.roots)
+        want = capacity * n
+        what = (f"{format_bytes(capacity)} per root for {n} roots on one filesystem"
+                if n > 1 else format_bytes(capacity))
+        where = f"the filesystem of {space.roots[0]}"
+        if want > space.size:
+            out.append(ConfigProblem("$.capacity_bytes", (
+                f"fs tier: {what} is more than {where} holds ({format_bytes(space.size)}); "
+                f"lower capacity_bytes to at most {format_bytes(space.size // n)}, less "
+                "what other files need")))
+        elif want > space.free + space.held:
+            held = f" plus {format_bytes(space.held)} of kvtiers blocks" if space.held else ""
+            out.append(ConfigWarning("$.capacity_bytes", (
+                f"fs tier: {what} is more than {where} has free now "
+                f"({format_bytes(space.free)}{held}, of {format_bytes(space.size)}): "
+                "stores will fail for lack of space before the tier reaches its capacity "
+                "and evicts; free space there or lower capacity_bytes")))
+    return out
+
+
+def _on_tmpfs(root: str) -> bool:
+    """True when `root` lies on tmpfs or ramfs (the longest mount point above it in
+    /proc/self/mountinfo)."""
+    try:
+        real = os.path.realpath(root)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    best, kind = "", ""
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        point = fields[4].replace("\\040", " ")  # mountinfo escapes spaces
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, tail[0]
+    return kind in ("tmpfs", "ramfs")
+
+
+def _no_storage(root: str) -> bool:
+    try:
+        return os.statvfs(root).f_blocks == 0
+    except OSError:
+        return False
 
 
 def _roots_with_paths(options: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -165,8 +342,14 @@ def _roots_with_paths(options: Mapping[str, Any]) -> list[tuple[str, str]]:
             for i, root in enumerate(root_dirs(options))]
 
 
+_WHY = {errno.EACCES: "permission denied", errno.EPERM: "not permitted",
+        errno.EROFS: "read-only filesystem", errno.ENOSPC: "no space left"}
+
+
 def check_root(root: str) -> str | None:
     """Why `root` cannot be a root directory, or None."""
+    if "\x00" in root:
+        return f"{root!r} contains a NUL character, which no path can hold"
     if not os.path.isabs(root):
         return f"{root!r} is a relative path; give an absolute one"
     if os.path.islink(root):
@@ -179,9 +362,14 @@ def check_root(root: str) -> str | None:
     try:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        why = {errno.EACCES: "permission denied", errno.EPERM: "not permitted",
-               errno.EROFS: "read-only filesystem", errno.ENOSPC: "no space left"}
-        return f"{root!r} is not writable ({why.get(exc.errno or 0, exc.strerror)})"
+        why = _WHY.get(exc.errno or 0)
+        if why is None and _no_storage(root):
+            return (f"{root!r} is on a virtual filesystem (such as /proc or /sys), which "
+                    "holds no files; give a directory on a disk")
+        if why is None:
+            return (f"{root!r} does not accept new files ({exc.strerror}); give a directory "
+                    "on a writable disk filesystem")
+        return f"{root!r} is not writable ({why})"
     os.close(fd)
     os.unlink(name)
     return None

@@ -6,16 +6,17 @@ Threads and what they may do:
 
 - the scheduler thread calls `lookup`, `submit_*`, `touch`, `get_finished_jobs`,
   `stats`: dictionary work only (the in-memory index of each root), never I/O;
-- I/O threads (a `DualQueueThreadPool`) run one task per block (per 1 MiB of
-  consecutive blocks of a job, for blocks smaller than that) - `pwritev`/`preadv`
-  straight from/to the pool slot, checksums included - plus one task per store job
-  that reserves room in the shared journal; a store job's block tasks go to the
-  head of the store queue, so that its writes start while later jobs reserve;
+- I/O threads (the core's `kvtiers.sdk.JobEngine`, on its dual-queue pool) run
+  one work item per block (one unit per 1 MiB of consecutive blocks of a job, for
+  blocks smaller than that) - `pwritev`/`preadv` straight from/to the pool slot,
+  checksums included - after a store job's start hook, which reserves room in the
+  shared journal; a store job's block items go to the head of the store queue, so
+  that its writes start while later jobs reserve; its end hook commits;
 - the probe thread (`AsyncProbe`) answers lookups of keys this process has not seen
   yet: it reads what other processes appended to the journal, then looks again.
 
-A job is reported once every task of it has returned, so no I/O of this tier can
-touch its slots afterwards. A task taken after its job's deadline fails with
+A job is reported once every item of it has returned, so no I/O of this tier can
+touch its slots afterwards. An item taken after its job's deadline fails with
 `timeout` without any I/O. Failures are per key, counted, logged once per kind; an
 exception never leaves the tier.
 
@@ -26,8 +27,6 @@ Layout: `kvtiers_fs.layout`; index, capacity and crash recovery:
 from __future__ import annotations
 
 import errno
-import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,12 +36,12 @@ from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.options import resolve_options
 from kvtiers.probe import AsyncProbe
+from kvtiers.sdk import Job, JobEngine, JobHooks, Outcome
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
 
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import BlockIO, ReadOutcome, ReadResult, probe_o_direct
-from kvtiers_fs.dualqueue import LOAD, STORE, DualQueueThreadPool
 from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.layout import Ident
 from kvtiers_fs.namespaces import list_namespaces
@@ -56,109 +55,21 @@ def _store_failure(exc: OSError) -> FailureReason:
     return FailureReason.FULL if exc.errno in _FULL_ERRNOS else FailureReason.IO
 
 
-class _JobState:
-    """One job in flight: per-key outcomes filled in by its tasks."""
+class _Plan:
+    """The fs tier's part of a job in flight (`Job.state`): where each key lives
+    (loads: routed and pinned at submit) and, for a store, the blocks it writes."""
 
-    __slots__ = ("job", "load", "lock", "left", "ok", "failed", "moved", "started",
-                 "done", "aborted")
+    __slots__ = ("routes", "pinned", "writes")
 
-    def __init__(self, job: TransferJob, load: bool):
-        self.job = job
-        self.load = load
-        self.lock = threading.Lock()
-        self.left = 0
-        self.ok: list[BlockKey] = []
-        self.failed: dict[BlockKey, FailureReason] = {}
-        self.moved = 0
-        self.started = 0.0
-        # stores: per root index, (job index, key, ident) written / reserved idents
-        # not written
-        self.done: dict[int, list[tuple[int, BlockKey, Ident]]] = {}
-        self.aborted: dict[int, list[Ident]] = {}
-
-    def start(self) -> None:
-        if not self.started:
-            self.started = time.perf_counter()
-
-    def expired(self, clock_now: float) -> bool:
-        return self.job.deadline is not None and clock_now > self.job.deadline
+    def __init__(self, routes: list[tuple[int, Ident]] | None = None, pinned: bool = False):
+        self.routes = routes or []
+        self.pinned = pinned
+        # stores: job index -> (root, ident, recycled: into an evicted block's file)
+        self.writes: dict[int, tuple[int, Ident, bool]] = {}
 
 
-class _Task:
-    """One unit of work on an I/O thread: a block, or a store job's reservation."""
-
-    __slots__ = ("tier", "state", "index", "root", "idn", "recycled", "done")
-
-    def __init__(self, tier: FsTier, state: _JobState, index: int = -1, root: int = -1,
-                 idn: Ident = b"", recycled: bool = False):
-        self.tier, self.state, self.index, self.root, self.idn = tier, state, index, root, idn
-        self.recycled = recycled  # a store into an evicted block's file
-        self.done = False  # reported through _block_done
-
-    def run(self) -> None:
-        tier = self.tier
-        try:
-            if self.index < 0:
-                tier._prepare_store(self.state)
-                return
-            if self.state.load:
-                tier._load_block(self)
-            else:
-                tier._store_block(self)
-        except Exception as exc:  # noqa: BLE001 - a bug costs misses, not the engine
-            tier.ctx.logger.exception("kvtiers-fs task of job %d crashed", self.state.job.job_id)
-            tier._errors.record("task", exc)
-            if self.index < 0:
-                tier._finish(self.state, {k: FailureReason.IO for k in self.state.job.keys})
-            else:
-                tier._block_done(self, FailureReason.IO)
-
-    def cancel(self) -> None:
-        """Never run: the tier closed."""
-        if self.index < 0:
-            self.tier._finish(self.state, {k: FailureReason.CLOSED for k in self.state.job.keys})
-        else:
-            self.tier._block_done(self, FailureReason.CLOSED)
-
-
-class _Batch:
-    """Consecutive block tasks of one job run as one pool task: for small blocks the
-    pool's per-task cost (queue, wake-up, counters) would outweigh the I/O."""
-
-    __slots__ = ("tasks",)
-
-    def __init__(self, tasks: list[_Task]):
-        self.tasks = tasks
-
-    def run(self) -> None:
-        first = self.tasks[0]
-        if first.state.load:
-            try:
-                first.tier._load_batch(self.tasks)
-            except Exception as exc:  # noqa: BLE001 - a bug costs misses, not the engine
-                first.tier.ctx.logger.exception("kvtiers-fs load batch crashed")
-                first.tier._errors.record("task", exc)
-                for task in self.tasks:
-                    if not task.done:
-                        first.tier._block_done(task, FailureReason.IO)
-            return
-        for task in self.tasks:
-            task.run()
-
-    def cancel(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-
-
-#: block tasks are batched up to this many bytes per pool task (one block at least)
+#: block items are batched up to this many bytes per pool task (one block at least)
 BATCH_BYTES = 1 << 20
-
-
-def _batched(tasks: list[_Task], block_bytes: int) -> list[_Task] | list[_Batch]:
-    per = BATCH_BYTES // block_bytes
-    if per <= 1:
-        return tasks
-    return [_Batch(tasks[i : i + per]) for i in range(0, len(tasks), per)]
 
 
 class FsTier(SecondaryTier):
@@ -205,12 +116,16 @@ class FsTier(SecondaryTier):
             for store in self.stores:
                 store.close()
             raise
-        self._lock = threading.Condition()
-        self._finished: list[JobResult] = []
-        self._active = 0
         self._closed = False
-        self._pool = DualQueueThreadPool(threads["load"], threads["store"],
-                                         name=f"kvtiers-{name}", logger=ctx.logger)
+        self._pool = JobEngine(
+            ctx,
+            load=JobHooks(block=self._load_block, batch=self._load_batch, end=self._end_load),
+            store=JobHooks(start=self._prepare_store, block=self._store_block,
+                           end=self._end_store),
+            load_threads=threads["load"], store_threads=threads["store"],
+            stats=self._stats, batch_bytes=BATCH_BYTES, name=f"kvtiers-{name}",
+            on_crash=lambda exc: self._errors.record("task", exc),
+        )
         # Capability flag, per instance: a private root needs no probes.
         self.shared = bool(config.get("shared", True))
         self._probe = AsyncProbe(self._probe_keys, clock=ctx.clock, hit_ttl_s=0.0,
@@ -264,49 +179,30 @@ class FsTier(SecondaryTier):
         return answer
 
     def submit_store(self, job: TransferJob) -> None:
-        state = _JobState(job, load=False)
-        if not job.keys or self._closed:
-            self._finish(state, {k: FailureReason.CLOSED for k in job.keys}, counted=False)
-            return
-        self._begin()
-        task = _Task(self, state)
-        if not self._pool.submit(STORE, [task]):
-            task.cancel()
+        self._pool.submit_store(job, _Plan())
 
     def submit_load(self, job: TransferJob) -> None:
-        state = _JobState(job, load=True)
-        if not job.keys or self._closed:
-            self._finish(state, {k: FailureReason.CLOSED for k in job.keys}, counted=False)
-            return
-        self._begin()
-        tasks = []
-        by_root: dict[int, list[Ident]] = {}
-        for i, key in enumerate(job.keys):
-            root, idn = self._route(key)
-            by_root.setdefault(root, []).append(idn)
-            tasks.append(_Task(self, state, i, root, idn))
-        for root, idns in by_root.items():  # what lookup called a HIT stays until loaded
-            self.stores[root].pin(idns)
-        state.left = len(tasks)
-        if not self._pool.submit(LOAD, _batched(tasks, self.block_bytes)):
-            for task in tasks:
-                task.cancel()
+        plan = _Plan([self._route(key) for key in job.keys])
+        if not self._closed:  # what lookup called a HIT stays until loaded
+            by_root: dict[int, list[Ident]] = {}
+            for root, idn in plan.routes:
+                by_root.setdefault(root, []).append(idn)
+            for root, idns in by_root.items():
+                self.stores[root].pin(idns)
+            plan.pinned = True
+        self._pool.submit_load(job, plan)
 
     def get_finished_jobs(self) -> list[JobResult]:
-        with self._lock:
-            done, self._finished = self._finished, []
-        return done
+        return self._pool.take_finished()
 
     def drain(self, timeout: float | None = None) -> bool:
-        with self._lock:
-            return self._lock.wait_for(lambda: self._active == 0, timeout)
+        return self._pool.drain(timeout)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for task in self._pool.close():
-            task.cancel()
+        self._pool.close()
         self._probe.close()
         for store in self.stores:
             store.close()
@@ -339,167 +235,118 @@ class FsTier(SecondaryTier):
 
     # -- I/O threads ---------------------------------------------------------------
 
-    def _begin(self) -> None:
-        with self._lock:
-            self._active += 1
-
-    def _finish(self, state: _JobState, failed: Mapping[BlockKey, FailureReason],
-                counted: bool = True) -> None:
-        job = state.job
-        result = JobResult(job.job_id, list(state.ok), {**state.failed, **failed},
-                           state.moved,
-                           time.perf_counter() - state.started if state.started else 0.0)
-        result.ok = [k for k in result.ok if k not in result.failed]
-        self._stats.job(result, load=state.load)
-        with self._lock:
-            self._finished.append(result)
-            if counted:
-                self._active -= 1
-            self._lock.notify_all()
-
-    def _prepare_store(self, state: _JobState) -> None:
-        """Reserve room for a store job (one journal frame per root), then queue one
-        task per block to write."""
-        job = state.job
-        state.start()
-        if state.expired(self.ctx.clock()):
-            self._finish(state, {k: FailureReason.TIMEOUT for k in job.keys})
-            return
+    def _prepare_store(self, job: Job) -> list[int]:
+        """Start hook of a store job: reserve room (one journal frame per root); the
+        blocks to write are its items. (The engine checked the deadline.)"""
+        plan: _Plan = job.state
         by_root: dict[int, list[tuple[int, Ident]]] = {}
         for i, key in enumerate(job.keys):
             root, idn = self._route(key)
             by_root.setdefault(root, []).append((i, idn))
-        tasks: list[_Task] = []
-        for root, items in by_root.items():
+        items: list[int] = []
+        for root, entries in by_root.items():
             store = self.stores[root]
             try:
-                verdicts, evicted = store.reserve([(idn, self.file_bytes) for _, idn in items])
+                verdicts, evicted = store.reserve([(idn, self.file_bytes) for _, idn in entries])
             except OSError as exc:
                 self._errors.record("reserve", exc, store.root)
-                for i, _ in items:
-                    state.failed[job.keys[i]] = _store_failure(exc)
+                for i, _ in entries:
+                    job.fail(i, _store_failure(exc))
                 continue
             if evicted:
                 self._stats.evicted(evicted)
-            for (i, idn), verdict in zip(items, verdicts, strict=True):
+            for (i, idn), verdict in zip(entries, verdicts, strict=True):
                 if verdict is Verdict.PRESENT:
-                    state.ok.append(job.keys[i])
+                    job.succeed(i)
                 elif verdict is Verdict.FULL:
-                    state.failed[job.keys[i]] = FailureReason.FULL
+                    job.fail(i, FailureReason.FULL)
                 else:
-                    tasks.append(_Task(self, state, i, root, idn,
-                                       recycled=verdict is Verdict.RECYCLED))
-        if not tasks:
-            self._finish(state, {})
-            return
-        state.left = len(tasks)
-        # At the head of the queue: with many store jobs queued, the reservations
-        # (one at a time, under the namespace lock) would otherwise all run before
-        # any block is written, leaving the disk idle meanwhile.
-        if not self._pool.submit(STORE, _batched(tasks, self.block_bytes), first=True):
-            for task in tasks:
-                task.cancel()
+                    plan.writes[i] = (root, idn, verdict is Verdict.RECYCLED)
+                    items.append(i)
+        # The engine puts them at the head of the queue: with many store jobs queued,
+        # the reservations (one at a time, under the namespace lock) would otherwise
+        # all run before any block is written, leaving the disk idle meanwhile.
+        return items
 
-    def _store_block(self, task: _Task) -> None:
-        state, job = task.state, task.state.job
-        if state.expired(self.ctx.clock()):
-            self._block_done(task, FailureReason.TIMEOUT)
-            return
-        store, key = self.stores[task.root], job.keys[task.index]
+    def _store_block(self, job: Job, i: int) -> Outcome:
+        root, idn, recycled = job.state.writes[i]
+        store, key = self.stores[root], job.keys[i]
         try:
-            shard = store.shard_fd(task.idn, create=True)
+            shard = store.shard_fd(idn, create=True)
             try:
-                self._io[task.root].write(shard, task.idn, key, store.writer,
-                                          self.ctx.pool.block(job.slots[task.index]),
-                                          recycled=task.recycled)
+                self._io[root].write(shard, idn, key, store.writer,
+                                     self.ctx.pool.block(job.slots[i]), recycled=recycled)
             finally:
                 layout.close_quiet(shard)
         except OSError as exc:
             self._errors.record("store", exc, store.root)
-            self._block_done(task, _store_failure(exc))
-            return
-        self._block_done(task, None)
+            return _store_failure(exc)
+        return None
 
-    def _load_block(self, task: _Task) -> None:
-        state, job = task.state, task.state.job
-        state.start()
-        if state.expired(self.ctx.clock()):
-            self._block_done(task, FailureReason.TIMEOUT)
-            return
-        store, key = self.stores[task.root], job.keys[task.index]
-        io, slot = self._io[task.root], self.ctx.pool.block(job.slots[task.index])
+    def _load_block(self, job: Job, i: int) -> Outcome:
+        root, idn = job.state.routes[i]
+        store, key = self.stores[root], job.keys[i]
+        io, slot = self._io[root], self.ctx.pool.block(job.slots[i])
         try:
             # One openat2 of <shard>/<file> where the kernel has it; the two-step
             # open (shard directory, then file) otherwise, and to classify errors.
-            got = io.read_beneath(store.blocks_fd, task.idn, key, slot)
+            got = io.read_beneath(store.blocks_fd, idn, key, slot)
         except OSError as exc:
             self._errors.record("load", exc, store.root)
-            self._block_done(task, FailureReason.IO)
-            return
+            return FailureReason.IO
         if got is None:
             try:
-                shard = store.shard_fd(task.idn, create=False)
+                shard = store.shard_fd(idn, create=False)
             except FileNotFoundError:
-                self._missing(store, task.idn)
-                self._block_done(task, FailureReason.MISSING)
-                return
+                self._missing(store, idn)
+                return FailureReason.MISSING
             except OSError as exc:
                 self._errors.record("load", exc, store.root)
-                self._block_done(task, FailureReason.IO)
-                return
+                return FailureReason.IO
             try:
-                got = io.read(shard, task.idn, key, slot)
+                got = io.read(shard, idn, key, slot)
             except OSError as exc:
                 self._errors.record("load", exc, store.root)
-                self._block_done(task, FailureReason.IO)
-                return
+                return FailureReason.IO
             finally:
                 layout.close_quiet(shard)
-        self._after_read(task, got)
+        return self._after_read(job, i, got)
 
-    def _load_batch(self, tasks: list[_Task]) -> None:
+    def _load_batch(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
         """Loads of consecutive small blocks of one job: one native call reads them
         all (`BlockIO.read_many`); a block it does not settle takes `_load_block`."""
-        state, job = tasks[0].state, tasks[0].state.job
-        state.start()
-        live = []
-        for task in tasks:
-            if state.expired(self.ctx.clock()):
-                self._block_done(task, FailureReason.TIMEOUT)
-            else:
-                live.append(task)
-        by_root: dict[int, list[_Task]] = {}
-        for task in live:
-            by_root.setdefault(task.root, []).append(task)
+        routes = job.state.routes
+        out: dict[int, Outcome] = {}
+        by_root: dict[int, list[int]] = {}
+        for i in indices:
+            by_root.setdefault(routes[i][0], []).append(i)
         for root, group in by_root.items():
-            items = [(t.idn, job.keys[t.index], self.ctx.pool.block(job.slots[t.index]))
-                     for t in group]
+            items = [(routes[i][1], job.keys[i], self.ctx.pool.block(job.slots[i]))
+                     for i in group]
             try:
                 results = self._io[root].read_many(self.stores[root].blocks_fd, items)
             except OSError:
                 results = [None] * len(group)
-            for task, got in zip(group, results, strict=True):
-                if got is None:
-                    self._load_block(task)
-                else:
-                    self._after_read(task, got)
+            for i, got in zip(group, results, strict=True):
+                out[i] = self._load_block(job, i) if got is None else self._after_read(job, i, got)
+        return [out[i] for i in indices]
 
-    def _after_read(self, task: _Task, got: ReadResult) -> None:
-        store, key = self.stores[task.root], task.state.job.keys[task.index]
+    def _after_read(self, job: Job, i: int, got: ReadResult) -> Outcome:
+        root, idn = job.state.routes[i]
+        store, key = self.stores[root], job.keys[i]
         if got.outcome is ReadOutcome.OK:
-            self._block_done(task, None)
-        elif got.outcome is ReadOutcome.MISSING:
-            self._missing(store, task.idn)
-            self._block_done(task, FailureReason.MISSING)
-        elif got.outcome is ReadOutcome.FOREIGN:
+            return None
+        if got.outcome is ReadOutcome.MISSING:
+            self._missing(store, idn)
+            return FailureReason.MISSING
+        if got.outcome is ReadOutcome.FOREIGN:
             # Intact, but another version's or namespace's: never data, never deleted.
             self._errors.note("load", "foreign", f"{self.block_path(key)}: {got.why}")
-            self._drop(store, task.idn, delete_file=False)
-            self._block_done(task, FailureReason.MISSING)
-        else:
-            self._errors.note("load", "corrupt", f"{self.block_path(key)}: {got.why}; removed")
-            self._drop(store, task.idn, delete_file=True)
-            self._block_done(task, FailureReason.CORRUPT)
+            self._drop(store, idn, delete_file=False)
+            return FailureReason.MISSING
+        self._errors.note("load", "corrupt", f"{self.block_path(key)}: {got.why}; removed")
+        self._drop(store, idn, delete_file=True)
+        return FailureReason.CORRUPT
 
     def _missing(self, store: RootStore, idn: Ident) -> None:
         """The file is gone: evicted by another process (we will read its REMOVE), or
@@ -519,61 +366,44 @@ class FsTier(SecondaryTier):
         except OSError as exc:
             self._errors.record("remove", exc, store.root)
 
-    def _block_done(self, task: _Task, reason: FailureReason | None) -> None:
-        task.done = True
-        state = task.state
-        key = state.job.keys[task.index]
-        with state.lock:
-            if reason is None:
-                state.ok.append(key)
-                state.moved += self.block_bytes
-                if not state.load:
-                    state.done.setdefault(task.root, []).append((task.index, key, task.idn))
-            else:
-                state.failed[key] = reason
-                if not state.load:
-                    state.aborted.setdefault(task.root, []).append(task.idn)
-            state.left -= 1
-            last = state.left == 0
-        if last:
-            self._end_job(state)
-
-    def _end_job(self, state: _JobState) -> None:
-        """The last task of a job: commit or abort a store's intents; unpin and touch
-        a load's keys. Then report."""
-        job = state.job
-        if state.load:
-            by_root: dict[int, list[Ident]] = {}
-            ok = set(state.ok)
-            touched: dict[int, list[Ident]] = {}
-            for key in job.keys:
-                root, idn = self._route(key)
-                by_root.setdefault(root, []).append(idn)
-                if key in ok:
-                    touched.setdefault(root, []).append(idn)
-            for root, idns in by_root.items():
-                self.stores[root].unpin(idns)
-            for root, idns in touched.items():
-                self.stores[root].touch(idns)
-                try:
-                    self.stores[root].flush_touches()
-                except OSError as exc:
-                    self._errors.record("touch", exc)
-            self._finish(state, {})
+    def _end_load(self, job: Job) -> None:
+        """End hook of a load: unpin its keys, touch those that were read."""
+        plan: _Plan = job.state
+        if not plan.pinned:
             return
-        extra: dict[BlockKey, FailureReason] = {}
-        for root in set(state.done) | set(state.aborted):
-            # In the job's order, not the threads': a prefix's first blocks are older.
-            done = sorted(state.done.get(root, []))
+        by_root: dict[int, list[Ident]] = {}
+        touched: dict[int, list[Ident]] = {}
+        for i, (root, idn) in enumerate(plan.routes):
+            by_root.setdefault(root, []).append(idn)
+            if job.succeeded(i):
+                touched.setdefault(root, []).append(idn)
+        for root, idns in by_root.items():
+            self.stores[root].unpin(idns)
+        for root, idns in touched.items():
+            self.stores[root].touch(idns)
             try:
-                self.stores[root].commit([i for _, _, i in done], state.aborted.get(root, []))
+                self.stores[root].flush_touches()
+            except OSError as exc:
+                self._errors.record("touch", exc)
+
+    def _end_store(self, job: Job) -> None:
+        """End hook of a store: commit the blocks written, abort the other intents."""
+        done: dict[int, list[tuple[int, Ident]]] = {}
+        aborted: dict[int, list[Ident]] = {}
+        # In the job's order, not the threads': a prefix's first blocks are older.
+        for i, (root, idn, _) in sorted(job.state.writes.items()):
+            if job.succeeded(i):
+                done.setdefault(root, []).append((i, idn))
+            else:
+                aborted.setdefault(root, []).append(idn)
+        for root in set(done) | set(aborted):
+            try:
+                self.stores[root].commit([idn for _, idn in done.get(root, [])],
+                                         aborted.get(root, []))
             except OSError as exc:
                 self._errors.record("commit", exc, self.stores[root].root)
-                for _, key, _ in done:
-                    extra[key] = _store_failure(exc)
-        if extra:
-            state.moved -= len(extra) * self.block_bytes
-        self._finish(state, extra)
+                for i, _ in done.get(root, []):
+                    job.fail(i, _store_failure(exc))
 
     def _probe_keys(self, keys: Sequence[BlockKey]) -> list[BlockKey]:
         """Probe thread: read the journals of the roots concerned, then look again."""

@@ -1,30 +1,26 @@
 """A secondary tier that keeps blocks in one SQLite file.
 
 Small on purpose (it is the subject of docs/plugins.md), but every rule of the tier
-contract shows up once:
+contract shows up once, and the hard parts come from the core's SDK:
 
-- The scheduler thread only touches memory: `lookup` reads an in-memory index of this
-  namespace's keys, `submit_*` and `touch` enqueue. All SQLite work runs on one worker
-  thread, which opens and owns the connection.
-- Each job is reported exactly once, after the worker is done with its slots. Failures
-  are per key (`FailureReason`), never exceptions.
-- Each block is stored with its `kvtiers.integrity` checksum and verified in the slot on
-  load; a bad copy is reported `corrupt` and deleted.
-- The file holds at most `capacity_bytes` of blocks: least recently used rows go first.
-  Recency is a column, so it survives a restart.
+- The scheduler thread only touches memory: `lookup` asks a `BoundedIndex` (every
+  row of the file, by namespace and key), `submit_*` hand the job to a `JobEngine`.
+  All SQLite work runs on the engine's one thread.
+- The engine reports each job exactly once, after its last block, with `timeout`,
+  `closed` and `io` (an exception) handled for us. Failures are per key.
+- Each block is stored with its `kvtiers.integrity` checksum and verified in the slot
+  on load; a bad copy is reported `corrupt` and deleted.
+- The file holds at most `capacity_bytes` of blocks: the index reserves room for a
+  store before it writes, evicting least recently used rows, never a row being loaded
+  (pinned at submit) nor one of the storing job's own. Recency is a column, so it
+  survives a restart.
 - Rows carry the namespace fingerprint: another model's blocks are never served.
-
-Loads and stores run on the one worker thread in order, so a block being loaded can
-never be evicted under it (the contract's "pinned blocks are never evicted").
 """
 
 from __future__ import annotations
 
-import contextlib
-import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +30,7 @@ from kvtiers.errors import KvtiersError
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
+from kvtiers.sdk import BoundedIndex, Job, JobEngine, JobHooks, Outcome, Pins, Reservation, Verdict
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
 
@@ -49,8 +46,6 @@ CREATE TABLE IF NOT EXISTS blocks (
 CREATE INDEX IF NOT EXISTS blocks_by_recency ON blocks (last_used);
 """
 
-_Op = tuple[str, Any]  # ("store" | "load", TransferJob) or ("touch", [keys])
-
 
 class SqliteTier(SecondaryTier):
     """Config: `path` (the file) and `capacity_bytes` (a bound on the block bytes of
@@ -64,102 +59,90 @@ class SqliteTier(SecondaryTier):
         self.path = Path(config["path"]).expanduser()
         self.capacity = int(config["capacity_bytes"])
         self._ns = ctx.namespace.fingerprint
+        # The file is one bounded store, so the index holds every row of it, named
+        # namespace + NUL + key (a fingerprint never holds a NUL).
+        self._tag = self._ns.encode() + b"\0"
         self._stats = StatsRecorder(self.capacity)
-        self._lock = threading.Lock()  # guards the fields below, shared with the worker
-        self._idle = threading.Condition(self._lock)
-        self._index: set[BlockKey] = set()
-        self._results: list[JobResult] = []
-        self._pending = 0
-        self._closed = False
-        # Worker-only state: the connection, file-wide usage and the recency tick.
-        self._usage = 0
+        policy = ctx.make_policy("lru", max(1, self.capacity // ctx.block_bytes))
+        self._index: BoundedIndex[int] = BoundedIndex(  # name -> rowid
+            policy, self.capacity, on_removed=self._removed)
+        self._touched: dict[bytes, None] = {}  # recency to write down, oldest first
+        self._touch_lock = threading.Lock()
         self._tick = 0
-        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
-        self._opened = threading.Event()
-        self._open_error: BaseException | None = None
-        # A daemon: a tier nobody closed must not keep the interpreter from exiting.
-        self._thread = threading.Thread(
-            target=self._run, name=f"kvtiers-sqlite {self.path}", daemon=True
+        try:
+            self._db = self._open()
+        except (sqlite3.Error, OSError) as exc:
+            raise KvtiersError(f"sqlite tier: cannot open {self.path}: {exc}") from None
+        # One thread (no store threads: loads first, then stores) owns the connection.
+        self._engine = JobEngine(
+            ctx,
+            load=JobHooks(block=self._read, end=self._end_load),
+            store=JobHooks(start=self._reserve, block=self._write, end=self._end_store),
+            load_threads=1,
+            store_threads=0,
+            stats=self._stats,
         )
-        self._thread.start()
-        self._opened.wait()
-        if self._open_error is not None:
-            self._thread.join()
-            raise KvtiersError(f"sqlite tier: cannot open {self.path}: {self._open_error}")
 
     # --- scheduler thread: memory only, never blocks on I/O -----------------------
 
     def lookup(self, key: BlockKey) -> LookupResult:
-        with self._lock:
-            hit = key in self._index
+        hit = self._tag + key in self._index
         self._stats.lookup(hit)
         return LookupResult.HIT if hit else LookupResult.MISS
 
     def submit_store(self, job: TransferJob) -> None:
-        self._submit("store", job)
+        self._engine.submit_store(job)
 
     def submit_load(self, job: TransferJob) -> None:
-        self._submit("load", job)
+        # Pinned now: what lookup called a HIT is not evicted before it is read.
+        pins = None if self._engine.closed else self._index.pin(self._names(job.keys))
+        self._engine.submit_load(job, pins)
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
-        self._queue.put(("touch", list(keys)))
+        names = self._names(keys)
+        self._index.touch(names)
+        self._remember_use(names)
 
     def get_finished_jobs(self) -> list[JobResult]:
-        with self._lock:
-            done, self._results = self._results, []
-        return done
+        return self._engine.take_finished()
 
     def drain(self, timeout: float | None = None) -> bool:
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        return self._engine.drain(timeout)
 
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True  # the worker now fails what is still queued with CLOSED
-        self._queue.put(None)
-        self._thread.join()
+        if self._engine.closed:
+            return
+        self._engine.close()  # queued jobs fail with `closed`; the thread is gone after
+        try:
+            with self._db:
+                self._write_recency()
+        except sqlite3.Error:
+            self.ctx.logger.exception("sqlite tier %s: recency not saved", self.path)
+        self._db.close()
 
     def stats(self) -> TierStats:
-        return self._stats.snapshot(usage_bytes=self._usage)
+        return self._stats.snapshot(usage_bytes=self._index.committed_bytes)
 
-    def _submit(self, kind: str, job: TransferJob) -> None:
-        with self._lock:
-            if not self._closed:
-                self._pending += 1
-                self._queue.put((kind, job))
-                return
-            self._results.append(JobResult.all_failed(job, FailureReason.CLOSED))
+    def _names(self, keys: Iterable[BlockKey]) -> list[bytes]:
+        return [self._tag + key for key in keys]
 
-    # --- worker thread: owns the connection ------------------------------------------
+    def _removed(self, names: list[bytes]) -> None:
+        """Rows left the index: tell the manager which of ours are gone."""
+        n = len(self._tag)
+        self.ctx.events.removed([name[n:] for name in names if name.startswith(self._tag)])
 
-    def _run(self) -> None:
-        try:
-            db = self._open()
-        except Exception as exc:  # noqa: BLE001 - reported to the constructor
-            self._open_error = exc
-            self._opened.set()
-            return
-        self._opened.set()
-        try:
-            while (op := self._queue.get()) is not None:
-                kind, payload = op
-                if kind == "touch":
-                    self._guarded(db, self._touch, payload)
-                    continue
-                result = self._execute(db, kind, payload)
-                self._stats.job(result, load=kind == "load")
-                with self._idle:
-                    self._results.append(result)
-                    self._pending -= 1
-                    self._idle.notify_all()
-        finally:
-            db.close()
+    def _remember_use(self, names: Iterable[bytes]) -> None:
+        with self._touch_lock:
+            for name in names:
+                self._touched.pop(name, None)
+                self._touched[name] = None
+
+    # --- the engine's thread: owns the connection ------------------------------------
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path)  # check_same_thread: only this thread may use it
+        # Made here, used by the engine's one thread, then by close: never two at once.
+        db = sqlite3.connect(self.path, check_same_thread=False)
         try:
             # WAL: a kill -9 loses at most the open transaction, never a committed row.
             # synchronous=NORMAL survives process crashes; power loss may drop the last
@@ -167,132 +150,101 @@ class SqliteTier(SecondaryTier):
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_TABLES)
-            self._reload(db)
-            with db:  # the capacity may have shrunk since the file was written
-                self._make_room(db, 0, protect_from=self._tick + 1)
+            with db:  # oldest first, so the index's recency is the file's
+                rows = db.execute("SELECT rowid, namespace, key, length(data), last_used"
+                                  " FROM blocks ORDER BY last_used").fetchall()
+                for rowid, namespace, key, size, last_used in rows:
+                    self._tick = max(self._tick, last_used)
+                    name = str(namespace).encode() + b"\0" + bytes(key)
+                    # The capacity may have shrunk since the file was written.
+                    for _, gone in self._index.add(name, rowid, size):
+                        db.execute("DELETE FROM blocks WHERE rowid=?", (gone,))
         except BaseException:
             db.close()
             raise
         return db
 
-    def _reload(self, db: sqlite3.Connection) -> None:
-        """Rebuild the in-memory state from the file: at open, and after a failed job
-        (whose transaction was rolled back)."""
-        keys = {k for (k,) in db.execute("SELECT key FROM blocks WHERE namespace=?", (self._ns,))}
-        self._usage, self._tick = db.execute(
-            "SELECT COALESCE(SUM(length(data)), 0), COALESCE(MAX(last_used), 0) FROM blocks"
-        ).fetchone()
-        with self._lock:
-            self._index = keys
+    def _reserve(self, job: Job) -> list[int]:
+        """A store's first step: room for its new blocks (evicting rows), recency for
+        those already here. Returns the blocks to write."""
+        room = self._index.reserve([(name, self.ctx.block_bytes)
+                                    for name in self._names(job.keys)])
+        job.state = (room, {})  # the reservation, and the rowids written
+        self._remember_use(n for n, v in zip(room.keys, room.verdicts, strict=True)
+                           if v is Verdict.PRESENT)
+        with self._db:
+            self._db.executemany("DELETE FROM blocks WHERE rowid=?",
+                                 [(rowid,) for _, rowid in room.evicted])
+            self._write_recency()
+        self._stats.evicted(len(room.evicted))
+        todo = []
+        for i, verdict in enumerate(room.verdicts):
+            if verdict is Verdict.RESERVED:
+                todo.append(i)
+            elif verdict is Verdict.PRESENT:
+                job.succeed(i)
+            else:  # only pinned rows or this job's own are left
+                job.fail(i, FailureReason.FULL)
+        return todo
 
-    def _guarded(self, db: sqlite3.Connection, fn: Any, *args: Any) -> bool:
-        """Run `fn(db, *args)`. An error (a damaged file, a full disk) is logged and
-        costs misses only; its transaction was rolled back, so resync from the file."""
-        try:
-            fn(db, *args)
-            return True
-        except Exception:  # noqa: BLE001
-            self.ctx.logger.exception("sqlite tier %s: operation failed", self.path)
-            with contextlib.suppress(Exception):  # unreadable: loads will report missing
-                self._reload(db)
-            return False
-
-    def _execute(self, db: sqlite3.Connection, kind: str, job: TransferJob) -> JobResult:
-        if self._closed:
-            return JobResult.all_failed(job, FailureReason.CLOSED)
-        if job.deadline is not None and self.ctx.clock() > job.deadline:
-            return JobResult.all_failed(job, FailureReason.TIMEOUT)
-        start = time.perf_counter()
-        result = JobResult(job.job_id)
-        work = self._load if kind == "load" else self._store
-        if not self._guarded(db, work, job, result):
-            result = JobResult.all_failed(job, FailureReason.IO)
-        result.seconds = time.perf_counter() - start
-        return result
-
-    def _store(self, db: sqlite3.Connection, job: TransferJob, result: JobResult) -> None:
-        protect_from = self._tick + 1  # rows this job writes or refreshes stay
-        added: set[BlockKey] = set()
-        with db:  # one transaction per job
-            for key, slot in zip(job.keys, job.slots, strict=True):
-                if (key in self._index or key in added) and db.execute(
-                    "UPDATE blocks SET last_used=? WHERE namespace=? AND key=?",
-                    (self._next_tick(), self._ns, key),
-                ).rowcount:  # present: refresh its recency only
-                    result.ok.append(key)
-                    continue
-                data = bytes(self.ctx.pool.block(slot))
-                if not self._make_room(db, len(data), protect_from):
-                    result.failed[key] = FailureReason.FULL
-                    continue
-                db.execute(
-                    "INSERT INTO blocks VALUES (?, ?, ?, ?, ?)",
-                    (self._ns, key, data, integrity.checksum_bytes(data), self._next_tick()),
-                )
-                self._usage += len(data)
-                added.add(key)
-                result.ok.append(key)
-                result.bytes_moved += len(data)
-        with self._lock:  # visible to lookup only once committed
-            self._index |= added
-
-    def _load(self, db: sqlite3.Connection, job: TransferJob, result: JobResult) -> None:
-        with db:
-            for key, slot in zip(job.keys, job.slots, strict=True):
-                row = db.execute(
-                    "SELECT rowid, data, checksum, length(data) FROM blocks"
-                    " WHERE namespace=? AND key=?",
-                    (self._ns, key),
-                ).fetchone()
-                if row is None:
-                    result.failed[key] = FailureReason.MISSING
-                    continue
-                rowid, data, checksum, size = row
-                dest = self.ctx.pool.block(slot)
-                intact = isinstance(data, bytes) and len(data) == len(dest)
-                if intact:
-                    dest[:] = data
-                # Verify what now sits in the slot: that is what the engine would read.
-                if not (intact and integrity.verify(dest, checksum)):
-                    self._delete(db, rowid, key, size)
-                    result.failed[key] = FailureReason.CORRUPT
-                    continue
-                tick = self._next_tick()
-                db.execute("UPDATE blocks SET last_used=? WHERE rowid=?", (tick, rowid))
-                result.ok.append(key)
-                result.bytes_moved += size
-
-    def _touch(self, db: sqlite3.Connection, keys: list[BlockKey]) -> None:
-        with db:
-            db.executemany(
-                "UPDATE blocks SET last_used=? WHERE namespace=? AND key=?",
-                [(self._next_tick(), self._ns, key) for key in keys],
+    def _write(self, job: Job, i: int) -> Outcome:
+        data = bytes(self.ctx.pool.block(job.slots[i]))
+        with self._db:
+            # REPLACE: a row the index forgot (its delete failed) makes way.
+            row = self._db.execute(
+                "INSERT OR REPLACE INTO blocks VALUES (?, ?, ?, ?, ?)",
+                (self._ns, job.keys[i], data, integrity.checksum_bytes(data), self._next_tick()),
             )
+        job.state[1][i] = row.lastrowid
+        return None
 
-    def _make_room(self, db: sqlite3.Connection, size: int, protect_from: int) -> bool:
-        """Evict least recently used rows (of any namespace: the bound is the file's)
-        until `size` more bytes fit. Rows with a tick >= `protect_from` are kept."""
-        if size > self.capacity:
-            return False
-        while self._usage + size > self.capacity:
-            row = db.execute(
-                "SELECT rowid, namespace, key, length(data) FROM blocks WHERE last_used < ?"
-                " ORDER BY last_used LIMIT 1",
-                (protect_from,),
-            ).fetchone()
-            if row is None:
-                return False
-            rowid, namespace, key, row_bytes = row
-            self._delete(db, rowid, key if namespace == self._ns else None, row_bytes)
-            self._stats.evicted()
-        return True
+    def _end_store(self, job: Job) -> None:
+        """Written rows become visible to lookup (only now: a HIT is always readable)."""
+        if job.state is None:  # never started: timeout or closed
+            return
+        room: Reservation[int] = job.state[0]
+        with room:
+            for i, rowid in job.state[1].items():
+                if job.succeeded(i):
+                    room.commit(room.keys[i], rowid)
 
-    def _delete(self, db: sqlite3.Connection, rowid: int, key: BlockKey | None, size: int) -> None:
-        db.execute("DELETE FROM blocks WHERE rowid=?", (rowid,))
-        self._usage -= size
-        if key is not None:
-            with self._lock:
-                self._index.discard(key)
+    def _read(self, job: Job, i: int) -> Outcome:
+        name = self._tag + job.keys[i]
+        pins: Pins[int] | None = job.state
+        rowid = pins.locations[i] if pins is not None else self._index.get(name)
+        row = None if rowid is None else self._db.execute(
+            "SELECT data, checksum FROM blocks WHERE rowid=?", (rowid,)).fetchone()
+        if row is None:
+            if rowid is not None:  # deleted behind our back: forget it too
+                self._index.remove(name, rowid)
+            return FailureReason.MISSING
+        data, checksum = row
+        dest = self.ctx.pool.block(job.slots[i])
+        intact = isinstance(data, bytes) and len(data) == len(dest)
+        if intact:
+            dest[:] = data
+        # Verify what now sits in the slot: that is what the engine would read.
+        if not (intact and integrity.verify(dest, checksum)):
+            with self._db:
+                self._db.execute("DELETE FROM blocks WHERE rowid=?", (rowid,))
+            self._index.remove(name, rowid)
+            return FailureReason.CORRUPT
+        return None
+
+    def _end_load(self, job: Job) -> None:
+        if job.state is not None:
+            job.state.release()
+        used = [self._tag + k for i, k in enumerate(job.keys) if job.succeeded(i)]
+        self._index.touch(used)  # a load is a use
+        self._remember_use(used)
+
+    def _write_recency(self) -> None:
+        """Write down the uses remembered since the last time (in a transaction)."""
+        with self._touch_lock:
+            touched, self._touched = self._touched, {}
+        rows = [(self._next_tick(), rowid) for name in touched
+                if (rowid := self._index.get(name)) is not None]
+        self._db.executemany("UPDATE blocks SET last_used=? WHERE rowid=?", rows)
 
     def _next_tick(self) -> int:
         self._tick += 1

@@ -25,9 +25,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
+from kvtiers.extras import BENCH_EXTRA, missing_torch
 from kvtiers.keys import BlockKey
+
+try:
+    import torch
+except ImportError as exc:  # the scheduler side runs without torch; the bench does not
+    raise missing_torch("kvtiers bench", exc, extra=BENCH_EXTRA) from exc
 
 # Bytes handled per vectorised step: big enough to amortise the call, small enough
 # for the temporaries to stay in the CPU's caches.

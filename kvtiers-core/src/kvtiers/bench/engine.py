@@ -13,11 +13,16 @@ Layouts (`KVLayout` supports both):
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from kvtiers.bench.content import BlockContent
 from kvtiers.bench.presets import ModelGeometry
+from kvtiers.extras import BENCH_EXTRA, missing_torch
 from kvtiers.swap import KVLayout
+
+try:
+    import torch
+except ImportError as exc:  # the scheduler side runs without torch; the bench does not
+    raise missing_torch("kvtiers bench", exc, extra=BENCH_EXTRA) from exc
 
 LAYOUTS = ("layer", "cross")
 

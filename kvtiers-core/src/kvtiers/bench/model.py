@@ -18,10 +18,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
+from kvtiers.extras import BENCH_EXTRA, missing_torch
 from kvtiers.namespace import BlockGeometry
 from kvtiers.swap import KVLayout
+
+try:
+    import torch
+except ImportError as exc:  # the scheduler side runs without torch; the bench does not
+    raise missing_torch("kvtiers bench", exc, extra=BENCH_EXTRA) from exc
 
 
 @dataclass(frozen=True)

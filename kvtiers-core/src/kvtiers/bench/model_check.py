@@ -28,16 +28,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from kvtiers.bench.model import TinyConfig, TinyDecoder
 from kvtiers.config import load_config
 from kvtiers.errors import KvtiersError
+from kvtiers.extras import BENCH_EXTRA, missing_torch
 from kvtiers.hashing import prefix_block_hashes
 from kvtiers.manager.build import build_manager
 from kvtiers.namespace import Namespace
 from kvtiers.pool import CpuPool
 from kvtiers.swap import DeviceSwapper
+
+try:
+    import torch
+except ImportError as exc:  # the scheduler side runs without torch; the bench does not
+    raise missing_torch("kvtiers bench", exc, extra=BENCH_EXTRA) from exc
 
 TURNS = 4
 USER_TOKENS = 40  # new prompt tokens per turn

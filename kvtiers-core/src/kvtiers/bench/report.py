@@ -1,5 +1,5 @@
-"""Showing bench results: the summary tables (rich), the `--compare` table, the JSON
-document and the plot (matplotlib, imported only when a plot is asked for)."""
+"""Showing bench results: the summary tables (rich), the `--compare` table and the
+JSON document (the plot: `kvtiers.bench.plot`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rich.table import Table
 
 from kvtiers.bench.defaults import written_bytes_bound
 from kvtiers.bench.presets import PrefillCost
-from kvtiers.bench.results import CPU, GPU, RunResult
+from kvtiers.bench.results import CPU, RunResult
 from kvtiers.humanize import format_bytes
 
 JSON_VERSION = 1
@@ -303,62 +303,3 @@ def describe_stack(config: Any, paths: bool = True) -> str:
             bits.append(f"wrapping {opts['inner'].type}")
         parts.append(f"{t.type}" + (f" ({', '.join(bits)})" if bits else ""))
     return " -> ".join(parts)
-
-
-# ---------------------------------------------------------------------- plot
-
-
-class PlotUnavailable(RuntimeError):
-    pass
-
-
-def write_plot(path: Path, run: RunResult, title: str) -> None:
-    """Hit rate per tier and throughput per tier and direction over time (PNG)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise PlotUnavailable(
-            f"--plot needs matplotlib, which is not installed here ({exc}); install it "
-            "(pip install matplotlib) or leave --plot out"
-        ) from None
-    samples = run.samples
-    if len(samples) < 2:
-        raise PlotUnavailable("--plot: the run was too short to sample anything over time")
-    pairs = list(zip(samples, samples[1:], strict=False))  # consecutive samples
-    t = [(a.t + b.t) / 2 for a, b in pairs]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
-    tiers = [CPU, *run.tier_names]
-    for name in tiers:
-        rates = []
-        for a, b in pairs:
-            prompt = b.prompt_tokens - a.prompt_tokens
-            served = b.served_tokens.get(name, 0) - a.served_tokens.get(name, 0)
-            rates.append(100 * served / prompt if prompt else float("nan"))
-        label = "CPU pool" if name == CPU else f"{name} (promoted)"
-        ax1.plot(t, rates, label=label)
-    ax1.set_ylabel("prompt tokens served (%)")
-    ax1.set_ylim(0, 100)
-    ax1.legend(loc="upper left")
-    ax1.grid(alpha=0.3)
-    names = {f"{GPU} store": "GPU -> CPU pool", f"{GPU} load": "CPU pool -> GPU"}
-    for name in run.tier_names:
-        names[f"{name} write"] = f"CPU pool -> {name}"
-        names[f"{name} read"] = f"{name} -> CPU pool"
-    for key, label in names.items():
-        gbps = []
-        for a, b in pairs:
-            dt = b.t - a.t
-            gbps.append((b.bytes.get(key, 0) - a.bytes.get(key, 0)) / dt / 1e9 if dt > 0 else 0.0)
-        ax2.plot(t, gbps, label=label)
-    ax2.set_ylabel("GB/s")
-    ax2.set_xlabel("seconds")
-    ax2.legend(loc="upper left")
-    ax2.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

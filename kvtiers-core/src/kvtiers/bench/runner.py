@@ -39,6 +39,7 @@ from kvtiers.bench.stack import BenchError, BenchIntegrityError, Stack
 from kvtiers.bench.workload import Request, Workload, WorkloadSpec
 from kvtiers.keys import BlockKey
 from kvtiers.manager import OffloadEvent
+from kvtiers.manager.events import CPU as POOL
 from kvtiers.swap import SwapResult
 
 ProgressFn = Callable[[int, float, "Counters"], None]
@@ -111,8 +112,9 @@ class Replay:
         # `_fresh`: promoted and not yet served (the first use is credited to the tier).
         self._promoted_from: dict[BlockKey, str] = {}
         self._fresh: dict[BlockKey, str] = {}
-        names = stack.tier_names
-        self._only_tier = names[0] if len(names) == 1 else None
+        if self.mgr is not None:
+            # The pool's events name the tier each promotion came from.
+            self.mgr.enable_events()
 
     # ------------------------------------------------------------------ the run
 
@@ -388,45 +390,25 @@ class Replay:
 
     def _step(self) -> None:
         assert self.mgr is not None
-        self._absorb(self.mgr.take_events(), None)  # our stores, evictions
-        before = self._promoted_counts() if self._only_tier is None else None
         self.mgr.step()
-        events = self.mgr.take_events()
-        if events:
-            tier = self._only_tier
-            if tier is None:
-                tier = self._attribute(before or {})
-            self._absorb(events, tier)
+        self._absorb(self.mgr.take_events())
 
-    def _absorb(self, events: list[OffloadEvent], tier: str | None) -> None:
-        """Follow where the pool's blocks came from. Events after a step are
-        promotions landing (from `tier`); others are our own stores."""
+    def _absorb(self, events: list[OffloadEvent]) -> None:
+        """Follow where the pool's blocks came from: a "stored" event of the pool
+        names the tier it was promoted from (`source`), or none for our own stores.
+        The secondary tiers' own events say nothing about the pool."""
         promoted, fresh = self._promoted_from, self._fresh
         for ev in events:
-            if ev.kind == "stored":
-                if tier is None:
-                    for k in ev.keys:
-                        promoted.pop(k, None)
-                        fresh.pop(k, None)
-                else:
-                    for k in ev.keys:
-                        promoted[k] = tier
-                        fresh[k] = tier
-            elif ev.kind == "removed":
+            if ev.tier != POOL:
+                continue
+            if ev.kind == "stored" and ev.source is not None:
+                for k in ev.keys:
+                    promoted[k] = ev.source
+                    fresh[k] = ev.source
+            else:  # stored from the GPU, or removed
                 for k in ev.keys:
                     promoted.pop(k, None)
                     fresh.pop(k, None)
-
-    def _promoted_counts(self) -> dict[str, int]:
-        assert self.mgr is not None
-        return {n: t.get("promoted_hits", 0) for n, t in self.mgr.stats()["tiers"].items()}
-
-    def _attribute(self, before: dict[str, int]) -> str:
-        after = self._promoted_counts()
-        moved = [n for n, v in after.items() if v > before.get(n, 0)]
-        if len(moved) == 1:
-            return moved[0]
-        return "one of " + ", ".join(moved or list(after))
 
     def _sample(self, now: float) -> None:
         self._next_sample = now + self.sample_s

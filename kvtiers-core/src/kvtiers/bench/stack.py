@@ -9,12 +9,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from kvtiers.bench.engine import StandInKV
 from kvtiers.bench.presets import ModelGeometry
 from kvtiers.config.model import KvtiersConfig
 from kvtiers.errors import KvtiersError
+from kvtiers.extras import BENCH_EXTRA, missing_torch
 from kvtiers.humanize import format_bytes
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.manager.build import build_manager, tier_names
@@ -22,6 +21,11 @@ from kvtiers.namespace import Namespace
 from kvtiers.pool import CpuPool, pool_shape
 from kvtiers.pool_memory import memory_limits
 from kvtiers.swap import DeviceSwapper
+
+try:
+    import torch
+except ImportError as exc:  # the scheduler side runs without torch; the bench does not
+    raise missing_torch("kvtiers bench", exc, extra=BENCH_EXTRA) from exc
 
 # Blocks written by the bench hold bench content, never a model's KV: they get a
 # namespace of their own, so a persistent tier shared with an engine keeps them apart.

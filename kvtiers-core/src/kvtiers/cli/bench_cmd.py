@@ -19,6 +19,7 @@ from typing import Any
 
 from kvtiers.bench.defaults import DEFAULT_CPU_BYTES, DEFAULT_FS_BYTES, DEFAULT_WORKLOAD
 from kvtiers.bench.presets import DEFAULT_GPU_TFLOPS, DEFAULT_PRESET, PRESETS
+from kvtiers.errors import KvtiersError
 from kvtiers.humanize import format_bytes
 
 W = DEFAULT_WORKLOAD
@@ -43,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plot",
         metavar="OUT.png",
         type=Path,
-        help="draw hit rate and throughput over time per tier (needs matplotlib)",
+        help="draw hit rate and throughput over time per tier (needs matplotlib: the "
+        "`plot` extra of kvtiers-core)",
     )
     parser.add_argument(
         "--compare",
@@ -157,7 +159,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvtiers.cli.destinations import check_plot_destination, check_writable
+
+    # What the run writes at its end is checked before it starts (no torch yet).
+    if args.json is not None:
+        check_writable(args.json, "--json")
+    if args.plot is not None:
+        if args.model_check:
+            raise BenchRefused("--plot draws a bench run over time; --model-check has none")
+        check_plot_destination(args.plot)
     if args.model_check:
+        _require_fs("--model-check reloads the model's KV from an fs tier (its third run)")
         from kvtiers.bench.model_check import main as model_check_main
 
         return model_check_main(tmp_dir=args.tmp_dir, json_out=args.json)
@@ -173,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
     except BenchIntegrityError as exc:
         print(f"kvtiers bench FAILED: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # the reader of stdout left: `kvtiers.cli.main` stops quietly
     except (ValueError, OSError) as exc:
         raise BenchError(str(exc)) from exc
 
@@ -228,7 +242,7 @@ def _bench(args: argparse.Namespace) -> int:
     )
     with contextlib.ExitStack() as stack:
         if args.config is None:
-            _require_fs()
+            _require_fs("without --config, kvtiers bench runs a CPU pool and an fs tier")
             root = stack.enter_context(default_root(args.tmp_dir, min(bound, DEFAULT_FS_BYTES)))
             config = load_config(default_document(root))
             source = f"built-in default (fs tier in {root}, removed afterwards)"
@@ -237,6 +251,8 @@ def _bench(args: argparse.Namespace) -> int:
             source = config.source
         for warning in config.warnings:
             print(f"warning: {warning}", file=sys.stderr)
+        for note in config.notes:  # such as a capacity derived for a vLLM config
+            print(f"note: {note}", file=sys.stderr)
         runs = _runs(args, config, geometry, spec, console, source)
         main = runs[-1]
         for i, run_ in enumerate(runs):
@@ -270,11 +286,13 @@ def _bench(args: argparse.Namespace) -> int:
             )
             console.print(f"wrote {args.json}")
         if args.plot:
+            from kvtiers.bench.plot import PlotUnavailable, write_plot
+
             try:
                 stack_line = report.describe_stack(config, paths=False)
                 title = f"kvtiers bench, {geometry.name} ({main.stand_in['device']}): {stack_line}"
-                report.write_plot(args.plot, main, title)
-            except report.PlotUnavailable as exc:
+                write_plot(args.plot, main, title)
+            except PlotUnavailable as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             console.print(f"wrote {args.plot}")
@@ -346,12 +364,22 @@ def _runs(
     return results
 
 
-def _require_fs() -> None:
-    from kvtiers.bench.stack import BenchError
-    from kvtiers.plugins import get_registry
+class BenchRefused(KvtiersError):
+    """An option of `kvtiers bench` that cannot be honoured, found before any work."""
 
-    if "fs" not in get_registry().tiers:
-        raise BenchError(
-            "the built-in default uses the fs tier, which is not installed: "
-            "pip install kvtiers-fs, or pass --config with the tiers you have"
-        )
+
+def _require_fs(why: str) -> None:
+    """Refuse, naming the distribution to install, when the fs tier is missing."""
+    from kvtiers.config.plugin_hints import disabled_hint
+    from kvtiers.plugins import get_registry
+    from kvtiers.plugins.registry import install_hint
+
+    if "fs" in get_registry().tiers:
+        return
+    hint = install_hint("fs") or "install the distribution that provides the fs tier"
+    raise BenchRefused(
+        f"{why}, and no fs tier is installed (kvtiers-core alone has the memory and faulty "
+        f"tiers): {hint}"
+        + ("; or pass --config with the tiers you have" if "--model-check" not in why else "")
+        + disabled_hint("tier", "fs")
+    )

@@ -1,31 +1,126 @@
-"""`kvtiers plugins`: what is installed, where it came from, and what failed."""
+"""`kvtiers plugins`: what is installed, where it came from, and what failed.
+
+Exit status: 0 when everything loaded, 1 when a plugin failed to load, a name is
+registered twice, or a config schema is not valid (`--check` prints only those,
+for CI). `--options NAME` lists one tier's or policy's options (the configuration
+reference covers the built-ins only).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
+
+from kvtiers.plugins.registry import Registered, Registry
+
+EXIT_BROKEN = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "List installed tiers, policies and commands, and plugins that failed to load. "
+        "Exit status: 0 all usable, 1 something failed (a plugin did not load, a name is "
+        "registered twice, a config schema is not valid JSON Schema)."
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="print only what failed, one line each (nothing else when all is well), "
+        "for CI; the exit status says the same",
+    )
+    parser.add_argument(
+        "--options",
+        metavar="NAME",
+        help="show the options of the installed tier or policy NAME: key, type, default, "
+        "description (with --json: its JSON Schema)",
+    )
+
+
+def rows(registry: Registry) -> list[dict[str, Any]]:
+    """The registry's listing, each tier's and policy's schema checked too (a row
+    whose schema is broken turns into an error)."""
+    from kvtiers.config.schema_check import schema_problem
+
+    out = registry.listing()
+    for row in out:
+        if row["status"] != "ok" or row["kind"] not in ("tier", "policy"):
+            continue
+        table = registry.tiers if row["kind"] == "tier" else registry.policies
+        reg = table.get(row["name"])
+        problem = schema_problem(reg.record.schema) if reg is not None else None
+        if problem:
+            row["status"] = "error"
+            row["error"] = f"its config schema is unusable (a bug in the plugin): {problem}"
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     from kvtiers.plugins import get_registry
 
-    rows = get_registry().listing()
+    registry = get_registry()
+    if args.options:
+        return _options(registry, args.options, args.json)
+    listing = rows(registry)
+    broken = [r for r in listing if r["status"] == "error"]
+    status = EXIT_BROKEN if broken else 0
+    if args.check:
+        for r in broken:
+            print(f"error: {r['kind']} {r['name']!r} ({r['distribution']} {r['version']}): "
+                  f"{r['error']}")
+        return status
     if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
+        print(json.dumps(listing, indent=2))
+        return status
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="kvtiers plugins", show_lines=False)
     for col in ("name", "kind", "distribution", "version", "status", "description / error"):
         table.add_column(col, overflow="fold")
-    for r in rows:
+    for r in listing:
         detail = r["error"] if r["status"] == "error" else r["description"]
-        status = "[green]ok[/]" if r["status"] == "ok" else "[red]error[/]"
-        table.add_row(r["name"], r["kind"], r["distribution"], r["version"], status, detail or "")
+        mark = "[green]ok[/]" if r["status"] == "ok" else "[red]error[/]"
+        table.add_row(r["name"], r["kind"], r["distribution"], r["version"], mark, detail or "")
     Console().print(table)
+    return status
+
+
+def _options(registry: Registry, name: str, as_json: bool) -> int:
+    from kvtiers.errors import UnknownNameError
+    from kvtiers.plugins.registry import unknown_name_message
+
+    reg: Registered[Any] | None = registry.tiers.get(name)
+    kind = "tier"
+    if reg is None and name in registry.policies:
+        reg, kind = registry.policies[name], "policy"
+    if reg is None:
+        # One message for both tables: a NAME is looked up as a tier first.
+        both = {**registry.policies, **registry.tiers}
+        raise UnknownNameError(
+            unknown_name_message("tier", name, both, registry.failures).replace(
+                "installed tiers", "installed tiers and policies", 1
+            )
+        )
+    schema = reg.record.schema
+    if as_json:
+        print(json.dumps(schema, indent=2, default=str))
+        return 0
+    import textwrap
+
+    from kvtiers.config.docs import option_rows
+
+    about = getattr(reg.record, "description", "") or getattr(reg.record, "help", "")
+    print(f"{kind} {name!r} from {reg.distribution} {reg.version}: {about}")
+    options = option_rows(schema)
+    if not options:
+        print("no options")
+    for key, type_text, default, description in options:
+        plain = default.replace("`", "")
+        when = {"required": "required", "none": "no default"}.get(plain, f"default {plain}")
+        print(f"\n{key}: {type_text.replace('`', '')}; {when}")
+        text = " ".join(description.split())
+        if text:
+            print(textwrap.fill(text, width=88, initial_indent="    ", subsequent_indent="    "))
     return 0

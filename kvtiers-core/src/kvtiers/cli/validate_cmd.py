@@ -1,11 +1,11 @@
 """`kvtiers validate CONFIG`: check a config before anything starts.
 
-Exit 0 with a short summary of the resolved stack on stdout (warnings, and notes
-from the tiers' machine checks, on stderr);
-exit 2 with one `error: <path>: <message>` line per problem (printed by
-`kvtiers.cli.main`). Imports no torch and no tier code. Options a tier's schema
-marks `"writeOnly": true` (credentials) are printed as `***`, in the summary and
-in `--json` alike.
+Exit 0 with a short summary of the resolved stack on stdout (`--show`: every
+option; `--json`: the kvtiers document), warnings and notes (what the tiers'
+machine checks found, a capacity derived for a vLLM config) on stderr; exit 2 with
+one `error: <path>: <message>` line per problem (printed by `kvtiers.cli.main`),
+the warnings and notes too. Imports no torch and no tier code. Options a tier's
+schema marks `"writeOnly": true` (credentials) print as `***`, in every form.
 """
 
 from __future__ import annotations
@@ -42,10 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "kvtiers JSON document",
     )
     parser.add_argument(
+        "--show",
+        action="store_true",
+        help="print every option of the resolved stack, defaults filled in and marked",
+    )
+    parser.add_argument(
         "--skip-machine-checks",
         action="store_true",
-        help="do not check the config against this machine's memory (for a config "
-        "meant for another machine)",
+        help="do not check the config against this machine (its memory, each tier's "
+        "directories and their filesystems), for a config meant for another machine",
     )
 
 
@@ -67,16 +72,21 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(source, registry, check_machine=not args.skip_machine_checks)
     except ConfigRejected as exc:
         _warn(exc.warnings)  # an ignored key may be why a required one is missing
+        _note(exc.notes)
         raise
     if args.config == "-":
         config = dataclasses.replace(config, source=STDIN)
     _warn(config.warnings)
-    for note in config.notes:
-        print(f"note: {note}", file=sys.stderr)
+    _note(config.notes)
     if args.json:
         doc = config.to_dict()
         doc["secondary_tiers"] = [redact_section(t, registry) for t in doc["secondary_tiers"]]
         print(json.dumps(doc, indent=2))
+    elif args.show:
+        from kvtiers.cli import show
+
+        fmt = _FORMATS.get(config.source_format, config.source_format)
+        print(f"valid: {config.source} ({fmt})\n{show.render(config, registry)}")
     else:
         print(summary(config, registry))
     return 0
@@ -92,6 +102,11 @@ _FORMATS = {
 def _warn(warnings: tuple[str, ...]) -> None:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+
+
+def _note(notes: tuple[str, ...]) -> None:
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def summary(config: KvtiersConfig, registry: Registry) -> str:

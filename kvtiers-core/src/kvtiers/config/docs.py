@@ -20,7 +20,7 @@ from kvtiers.config.schema import (
     is_tier_schema,
     properties,
 )
-from kvtiers.config.vllm import CONNECTORS, EXTRA_KEY, TIERING_SPEC
+from kvtiers.config.vllm import CONNECTORS, EXTRA_KEY, KVTIERS_SPEC, TIERING_SPEC
 from kvtiers.plugins.registry import Registry, load_registry
 
 _EXAMPLE = {
@@ -72,12 +72,22 @@ Rules that hold everywhere:
 - Unknown keys are errors, with the closest allowed key suggested, in the top level
   and in every tier section (a tier's schema may allow extra keys explicitly).
 - An unknown tier or eviction policy lists the installed ones (`kvtiers plugins`).
-- A value this machine cannot honour is an error, never clamped: a
-  `cpu_bytes_to_use` larger than physical memory is refused (`kvtiers validate
-  --skip-machine-checks` validates a config meant for another machine). A pool
-  larger than /dev/shm is a warning: an engine with worker processes keeps it there.
-- Defaults are filled in from the schemas below; `kvtiers validate --json` shows
-  every value.
+- No tier is listed twice, and no directory is claimed by two tiers (`/a` and
+  `/a/` are one directory): they would evict each other's blocks.
+- A value this machine cannot honour is an error, never clamped: everything the
+  config keeps in RAM (the CPU pool plus every `memory` tier) must fit in physical
+  memory (or the container's limit), and a tier's capacity on disk must fit its
+  filesystem. More than is available now, or less than a tenth of memory left for
+  the engine and the OS, is a warning; so is a disk capacity above the space free
+  now, and a pool larger than /dev/shm (an engine with worker processes keeps it
+  there). `kvtiers validate --skip-machine-checks` validates a config meant for
+  another machine (no memory, directory or filesystem checks).
+- Integers beyond 2**64 - 1 and numbers too large to represent (`1e400`) are
+  refused wherever they appear.
+- Defaults are filled in from the schemas below; `kvtiers validate --show` lists
+  every option with its value (defaults marked), `kvtiers validate --json` prints
+  the resolved document, and `kvtiers plugins --options NAME` lists the options of
+  any installed tier, including third-party ones this page does not cover.
 """
 
 
@@ -106,12 +116,25 @@ JSON Schema the tier registered. A tier option marked *tier section* holds a who
 nested tier section (the `faulty` tier wraps `inner`); it is checked the same way,
 and errors in it carry its full path, such as `$.secondary_tiers[1].inner.type`.
 
-For plugin authors: in a tier's schema, `"x-kvtiers": "tier"` on a property (or on
-the `items` of an array property) makes it a nested tier section, and
-`"x-kvtiers": "policy"` on a string property makes it the name of a registered
-eviction policy, checked like the top-level `eviction_policy`. Defaults are taken
-from `default` on each property (`properties` and `items` are followed, `$ref` is
-not).
+For plugin authors, marks in a tier's schema (`kvtiers plugins --check` checks
+them, and the schema against the JSON Schema metaschema):
+
+- `"x-kvtiers": "tier"` on a property (or on the `items` of an array property)
+  makes it a nested tier section;
+- `"x-kvtiers": "policy"` on a string property makes it the name of a registered
+  eviction policy, checked like the top-level `eviction_policy`;
+- `"x-kvtiers": "ram_bytes"` on an integer property counts it as RAM the tier
+  holds, summed with the CPU pool against the machine's memory;
+- `"x-kvtiers": "own_directory"` on a path property (a string or an array of them)
+  makes it a directory no other tier section may name;
+- `"x-kvtiers-derive": {"function": "module:function", "rule": "..."}` on a
+  required property lets a vLLM config leave it out: the function derives it from
+  the section's other options when the config is loaded (the `fs` tier's
+  capacity, from its filesystem) and `kvtiers validate` states the value.
+
+A `title` on a value's schema (`"an absolute path"`) is how messages name what is
+expected. Defaults are taken from `default` on each property (`properties` and
+`items` are followed, `$ref` is not).
 """
 
 
@@ -143,7 +166,21 @@ The tiering options share kvtiers' names (`cpu_bytes_to_use`, `eviction_policy`,
 mapped through the aliases its plugin registered; keys kvtiers has no use for (such
 as `block_size`, or a tier's `n_write_threads` when the tier has no such option)
 are accepted with a warning that names each one. vLLM's own kv_transfer_config
-fields (`kv_role`, `engine_id`, ...) pass silently.
+fields (`kv_role`, `engine_id`, ...) pass without a warning, but their types are
+checked as vLLM checks them (`kv_role` is one of `"kv_producer"`,
+`"kv_consumer"`, `"kv_both"`).
+
+A config that vLLM would never route to these options is an error: another
+`kv_connector`, a `kv_connector_module_path` outside vLLM, a missing `kv_role`, a
+`spec_name` other than `"{TIERING_SPEC}"` or `"{KVTIERS_SPEC}"`, or a
+`spec_module_path` that imports the spec from someone else's module.
+
+vLLM's own tiers lack options kvtiers requires: an `fs` tier in vLLM's form has no
+`capacity_bytes` (vLLM's never evicts). Every kvtiers tier stays bounded: in a vLLM
+config only, a missing `capacity_bytes` of `fs` is derived when the config is
+loaded, as 90% of the space free on the root's filesystem (plus what kvtiers blocks
+already hold there), never more than its size, and `kvtiers validate` states the
+figure in a note. A kvtiers config must set it.
 
 {table}
 """
@@ -151,12 +188,20 @@ fields (`kv_role`, `engine_id`, ...) pass silently.
 
 def _table(schema: Mapping[str, Any]) -> str:
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
-    rows.extend(_rows(schema, ""))
+    rows.extend(
+        f"| `{key}` | {kind} | {default} | {_escape(about)} |"
+        for key, kind, default, about in option_rows(schema)
+    )
     return "\n".join(rows) + "\n"
 
 
-def _rows(schema: Mapping[str, Any], prefix: str) -> list[str]:
-    required = set(schema.get("required", ()))
+def option_rows(schema: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """One `(key, type, default, description)` per option of a section's schema,
+    nested objects as dotted keys (`threads.load`); the default as JSON in
+    backquotes, or `required` / `none`. For this page and `kvtiers plugins
+    --options`."""
+    required = schema.get("required", ())
+    required = set(required) if isinstance(required, list) else set()
     out = []
     for key, sub in properties(schema).items():
         name = prefix + key
@@ -166,11 +211,9 @@ def _rows(schema: Mapping[str, Any], prefix: str) -> list[str]:
             default = f"`{json.dumps(sub['default'])}`"
         else:
             default = "required" if key in required else "none"
-        out.append(
-            f"| `{name}` | {_type_text(sub)} | {default} | {_escape(sub.get('description', ''))} |"
-        )
+        out.append((name, _type_text(sub), default, str(sub.get("description", ""))))
         if sub.get("type") == "object" and properties(sub) and not is_tier_schema(sub):
-            out.extend(_rows(sub, name + "."))
+            out.extend(option_rows(sub, name + "."))
     return out
 
 
@@ -183,6 +226,13 @@ def _type_text(schema: Mapping[str, Any]) -> str:
         return "string: a registered eviction policy"
     if "enum" in schema:
         return "one of " + ", ".join(f"`{json.dumps(v)}`" for v in schema["enum"])
+    for combinator in ("oneOf", "anyOf"):
+        branches = schema.get(combinator)
+        if isinstance(branches, list):
+            return " or ".join(_type_text(b) for b in branches if isinstance(b, Mapping))
+    title = schema.get("title")
+    if isinstance(title, str) and title and schema.get("type") != "object":
+        return title
     types = schema.get("type")
     names = [types] if isinstance(types, str) else list(types or ["any"])
     words = []

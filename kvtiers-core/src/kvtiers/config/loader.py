@@ -1,11 +1,13 @@
 """`load_config`: one JSON document in, a validated `KvtiersConfig` out, or one
 `ConfigError` listing every problem found.
 
-Steps: read the source (source.py); find the kvtiers document inside a vLLM
-config (vllm.py); validate the document and each tier section against its schema,
-filling defaults and looking tier and policy names up in the plugin registry
-(sections.py); then the checks a schema cannot express: the pool fits this
-machine and, if asked, every tier verifies checksums. Only the classes of tiers in
+Steps: read the source (source.py); refuse numbers no option means (numbers.py);
+find the kvtiers document inside a vLLM config (vllm.py); validate the document
+and each tier section against its schema, filling defaults and looking tier and
+policy names up in the plugin registry (sections.py); then the checks a schema
+cannot express: no tier or directory listed twice (stack.py), what the config
+puts in RAM fits this machine (machine.py), each tier's own machine check and, if
+asked, every tier verifies checksums. Only the classes of tiers in
 the config are imported, and only for that last check; validation itself imports
 no tier code (and no torch).
 """
@@ -14,24 +16,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtiers.config import machine, vllm
+from kvtiers.config import machine, stack, vllm
 from kvtiers.config.messages import found
 from kvtiers.config.model import BreakerConfig, KvtiersConfig, TierSection
-from kvtiers.config.paths import join, path_sort_key
+from kvtiers.config.numbers import MAX_INTEGER, covered, number_problems
+from kvtiers.config.paths import ROOT, join, path_sort_key
 from kvtiers.config.schema import CORE_SCHEMA
 from kvtiers.config.sections import Checker
 from kvtiers.config.source import ConfigSource, read_source
-from kvtiers.errors import ConfigError, ConfigNote, ConfigProblem, PluginError
+from kvtiers.errors import ConfigError, ConfigNote, ConfigProblem, ConfigWarning, PluginError
 from kvtiers.plugins.registry import Registry, get_registry
 
 
 class ConfigRejected(ConfigError):
-    """A `ConfigError` that also carries the warnings of the rejected document: in
-    a vLLM config, "ignored: capacity_byte" explains "missing: capacity_bytes"."""
+    """A `ConfigError` that also carries the warnings and notes of the rejected
+    document: in a vLLM config, "ignored: capacity_byte" explains "missing:
+    capacity_bytes"."""
 
-    def __init__(self, problems: list[ConfigProblem], warnings: list[str]):
+    def __init__(
+        self, problems: list[ConfigProblem], warnings: list[str], notes: list[str] | None = None
+    ):
         super().__init__(problems)
         self.warnings: tuple[str, ...] = tuple(warnings)
+        self.notes: tuple[str, ...] = tuple(notes or ())
 
 
 def load_config(
@@ -65,33 +72,60 @@ def _load(source: ConfigSource, registry: Registry, check_machine: bool) -> Kvti
             "expected a JSON object (a kvtiers config, or vLLM's kv_transfer_config), "
             f"found {found(document.data)}"
         )
-    checker = Checker(registry)
+    # Numbers no option means are refused first; whatever else is said about the
+    # same value afterwards ("expected an integer >= 1") says nothing new.
+    numbers = number_problems(document.data, ROOT)
+    refused = {p.path for p in numbers}
+    checker = Checker(registry, check_machine=check_machine)
     unwrapped = vllm.unwrap(document.data, checker)
     if unwrapped is None:
-        raise ConfigError(checker.problems)
+        raise ConfigRejected(
+            _final(numbers, checker.problems, refused), checker.warnings, checker.notes
+        )
     checker.vllm = unwrapped.source_format != vllm.NATIVE
     base = unwrapped.base
     doc = checker.section(CORE_SCHEMA, unwrapped.doc, base, owner="")
-
-    pool = doc.get("cpu_bytes_to_use")
-    if check_machine and isinstance(pool, int) and not isinstance(pool, bool):
-        problems, warnings = machine.check_pool(pool, join(base, "cpu_bytes_to_use"))
-        checker.problems.extend(problems)
-        checker.warnings.extend(warnings)
     tiers = doc.get("secondary_tiers")
     sections = [t for t in tiers if isinstance(t, TierSection)] if isinstance(tiers, list) else []
+
+    checker.problems.extend(stack.duplicate_problems(sections, registry))
+    checker.problems.extend(stack.directory_problems(sections, registry, resolve=check_machine))
+    pool = doc.get("cpu_bytes_to_use")
+    if (
+        check_machine
+        and isinstance(pool, int)
+        and not isinstance(pool, bool)
+        and 1 <= pool <= MAX_INTEGER
+    ):
+        holders = [(p, n) for p, n in stack.ram_holders(sections, registry) if 0 < n <= MAX_INTEGER]
+        problems, warnings = machine.check_ram(pool, join(base, "cpu_bytes_to_use"), holders)
+        checker.problems.extend(problems)
+        checker.warnings.extend(warnings)
     if doc.get("require_verified_tiers") is True:
         for section in sections:
             _check_verifies(section, registry, checker)
-    if check_machine and not checker.problems:
+    if check_machine:
+        # Every tier is checked, also when the document has other problems: one run
+        # of `kvtiers validate` reports everything.
+        said = {p.path for p in checker.problems}
         for section in sections:
-            _check_tier_machine(section, registry, checker)
+            _check_tier_machine(section, registry, checker, said)
 
-    if checker.problems:
-        unique = list(dict.fromkeys(checker.problems))
-        raise ConfigRejected(sorted(unique, key=lambda p: path_sort_key(p.path)), checker.warnings)
+    if numbers or checker.problems:
+        raise ConfigRejected(
+            _final(numbers, checker.problems, refused), checker.warnings, checker.notes
+        )
     return _build(doc, checker.warnings, document.origin, unwrapped.source_format,
                   notes=checker.notes)
+
+
+def _final(
+    numbers: list[ConfigProblem], problems: list[ConfigProblem], refused: set[str]
+) -> list[ConfigProblem]:
+    """Every problem once, in document order; none about a value refused as a number."""
+    rest = [p for p in problems if not covered(p.path, refused)]
+    unique = list(dict.fromkeys([*numbers, *rest]))
+    return sorted(unique, key=lambda p: path_sort_key(p.path))
 
 
 def _check_verifies(section: TierSection, registry: Registry, checker: Checker) -> None:
@@ -124,27 +158,37 @@ def _check_verifies(section: TierSection, registry: Registry, checker: Checker) 
             )
 
 
-def _check_tier_machine(section: TierSection, registry: Registry, checker: Checker) -> None:
+def _check_tier_machine(
+    section: TierSection, registry: Registry, checker: Checker, said: set[str]
+) -> None:
     """Each tier's own checks against this machine (`TierRecord.check`), for the
-    tiers in the config only; their problems' paths are rebased onto the section."""
+    tiers in the config only; their problems' paths are rebased onto the section.
+    A problem where the schema already found one is left out (it would say the same
+    thing twice), and so is a check that fails on a section with problems of its
+    own (it was given options its schema refused)."""
     for s in section.walk():
         record = registry.get("tier", s.type).record
         try:
             check = record.load_check()
             problems = check(s.options) if check is not None else []
         except Exception as exc:  # noqa: BLE001 - a plugin's check may raise anything
-            checker.problem(
-                s.path, f"tier {s.type!r}: its machine check failed: {type(exc).__name__}: {exc}"
-            )
+            if not any(covered(p, {s.path}) for p in said):
+                checker.problem(
+                    s.path,
+                    f"tier {s.type!r}: its machine check failed: {type(exc).__name__}: {exc}",
+                )
             continue
         for problem in problems:
             rel = str(getattr(problem, "path", "$"))
             rel = rel[1:] if rel.startswith("$") else "." + rel
+            path = s.path + rel
             message = str(getattr(problem, "message", problem))
-            if isinstance(problem, ConfigNote):
-                checker.notes.append(f"{s.path + rel}: {message}")
-            else:
-                checker.problem(s.path + rel, message)
+            if isinstance(problem, ConfigWarning):
+                checker.warnings.append(f"{path}: {message}")
+            elif isinstance(problem, ConfigNote):
+                checker.notes.append(f"{path}: {message}")
+            elif not covered(path, said):
+                checker.problem(path, message)
 
 
 def _build(doc: dict[str, Any], warnings: list[str], origin: str, fmt: str,
@@ -163,6 +207,7 @@ def _build(doc: dict[str, Any], warnings: list[str], origin: str, fmt: str,
         ),
         hash_seed=int(doc["hash_seed"]),
         model=doc["model"],
+        enable_kv_events=doc["enable_kv_events"],
         warnings=tuple(warnings),
         notes=tuple(notes or ()),
         source=origin,

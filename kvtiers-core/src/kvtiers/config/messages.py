@@ -110,7 +110,12 @@ def describe(schema: Any) -> str:
     return " or ".join(_describe_type(name, schema) for name in names)
 
 
-_BOUNDS = (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
+_BOUNDS = (
+    ("minimum", ">="),
+    ("exclusiveMinimum", ">"),
+    ("maximum", "<="),
+    ("exclusiveMaximum", "<"),
+)
 
 
 def numeric_bounds(schema: Mapping[str, Any], show: Any = str) -> list[str]:
@@ -119,6 +124,11 @@ def numeric_bounds(schema: Mapping[str, Any], show: Any = str) -> list[str]:
 
 
 def _describe_type(name: str, schema: Mapping[str, Any]) -> str:
+    title = schema.get("title")
+    if isinstance(title, str) and title and name != "object":
+        # A value's title says what it is in the user's words ("an absolute path"),
+        # which a pattern such as /^// does not.
+        return title
     words = _TYPE_WORDS.get(name, name)
     limits: list[str] = []
     if name in ("integer", "number"):
@@ -141,10 +151,69 @@ def _describe_type(name: str, schema: Mapping[str, Any]) -> str:
 
 
 def summary(schema: Any) -> str:
-    """The first sentence of a subschema's description, for a missing key."""
-    text = schema.get("description", "") if isinstance(schema, Mapping) else ""
-    first = re.split(r"(?<=\.)\s", str(text).strip(), maxsplit=1)[0]
-    return first.rstrip(".")
+    """The first sentence of a subschema's description, for a missing key: up to
+    the first full stop that ends a sentence (followed by a capital letter or the
+    end, outside parentheses), so "e.g. {...}" does not cut it short."""
+    raw = schema.get("description", "") if isinstance(schema, Mapping) else ""
+    text = " ".join(str(raw).split())
+    depth = 0
+    for i, char in enumerate(text):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+        elif char == "." and depth == 0:
+            rest = text[i + 1 :]
+            if not rest or (rest[0] == " " and rest[1:2].isupper()):
+                return text[:i]
+    return text.rstrip(".")
+
+
+def _fits_type(schema: Any, value: Any) -> bool:
+    """Whether a branch of anyOf/oneOf is meant for a value of this JSON type."""
+    if not isinstance(schema, Mapping) or "type" not in schema:
+        return True
+    types = schema["type"]
+    names = [types] if isinstance(types, str) else list(types) if isinstance(types, list) else []
+    kind = json_type(value)
+    return kind in names or (kind == "integer" and "number" in names)
+
+
+def _branch_errors(error: ValidationError) -> list[ValidationError]:
+    """The errors inside the one anyOf/oneOf branch meant for the value's type
+    (`["/a", "rel"]` against "a path or an array of paths": the array branch's
+    complaint about item 1), or [] when no single branch is."""
+    branches = error.validator_value
+    if not isinstance(branches, list) or not error.context:
+        return []
+    fitting = [i for i, b in enumerate(branches) if _fits_type(b, error.instance)]
+    if len(fitting) != 1:
+        return []
+    return [
+        e
+        for e in error.context
+        if e.relative_schema_path and e.relative_schema_path[0] == fitting[0]
+    ]
+
+
+def _duplicate(items: Any) -> Any:
+    seen: list[Any] = []
+    for item in items if isinstance(items, list) else ():
+        if item in seen:
+            return item
+        seen.append(item)
+    return None
+
+
+def _items_message(keyword: str, expected: Any, instance: Any) -> str:
+    if keyword == "uniqueItems":
+        return f"lists {show(_duplicate(instance))} twice; give each value once"
+    n = len(instance) if isinstance(instance, list) else 0
+    if keyword == "minItems":
+        want = "a non-empty array" if expected == 1 else f"at least {expected} items"
+    else:
+        want = f"at most {expected} items"
+    return f"expected {want}, found {n} item{'' if n == 1 else 's'}: {show(instance)}"
 
 
 def problems_from_error(
@@ -189,6 +258,18 @@ def problems_from_error(
                 ConfigProblem(join(path, key), unknown_key_message(key, allowed, owner, aliases))
             )
         return out
+    if keyword in ("anyOf", "oneOf"):
+        inner = _branch_errors(error)
+        if inner:
+            return [
+                p
+                for e in inner
+                for p in problems_from_error(
+                    e, base, owner=owner, renames=renames, aliases=aliases
+                )
+            ]
+    if keyword in ("minItems", "maxItems", "uniqueItems"):
+        return [ConfigProblem(path, _items_message(keyword, expected, error.instance))]
     if keyword in _DESCRIBED:
         # A credential (`"writeOnly": true`) is never repeated back, not even a wrong one.
         what = "a value not shown here" if schema.get("writeOnly") is True else found(

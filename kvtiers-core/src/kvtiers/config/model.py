@@ -74,6 +74,7 @@ class KvtiersConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     hash_seed: int = default_of("hash_seed")
     model: str | None = default_of("model")
+    enable_kv_events: bool = default_of("enable_kv_events")
     warnings: tuple[str, ...] = field(default=(), compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)
     source: str = field(default="<mapping>", compare=False)
@@ -92,6 +93,7 @@ class KvtiersConfig:
             "breaker": {"failures": self.breaker.failures, "cooldown_s": self.breaker.cooldown_s},
             "hash_seed": self.hash_seed,
             "model": self.model,
+            "enable_kv_events": self.enable_kv_events,
         }
 
     def all_tiers(self) -> list[TierSection]:

@@ -12,6 +12,17 @@ its `TierRecord` registered. The same marker works in tier schemas (the `faulty`
 tier's `inner`), on a property or on the `items` of an array property.
 `"x-kvtiers": "policy"` on a string property makes it the name of a registered
 eviction policy, looked up in the plugin registry like a tier's type.
+
+Two more values describe what a tier takes from the machine, for the checks that
+span the whole config: `"ram_bytes"` on an integer property says the tier holds
+that many bytes in RAM (summed with the CPU pool and every other such tier against
+the machine's memory); `"own_directory"` on a path property (a string, or an array
+of them) says the tier owns that directory, so no two tier sections may name one.
+
+`"x-kvtiers-derive": {"function": "module:function", "rule": "..."}` on a required
+property lets a vLLM config leave it out (vLLM's own tier has no such key): the
+function derives it from the section's other options when the config is loaded
+with machine checks, and `rule` says how, in words (see `kvtiers.config.derive`).
 """
 
 from __future__ import annotations
@@ -24,6 +35,10 @@ TIER_MARK_VALUE = "tier"
 # On a string property: the name of a registered eviction policy, checked against
 # the plugin registry (a schema cannot list what plugins will register).
 POLICY_MARK_VALUE = "policy"
+RAM_MARK_VALUE = "ram_bytes"
+OWN_DIRECTORY_MARK_VALUE = "own_directory"
+MARK_VALUES = (TIER_MARK_VALUE, POLICY_MARK_VALUE, RAM_MARK_VALUE, OWN_DIRECTORY_MARK_VALUE)
+DERIVE_MARK = "x-kvtiers-derive"
 
 WRITE_POLICIES = ("write_through", "write_back")
 DEFAULT_HASH_SEED = 0
@@ -143,6 +158,15 @@ CORE_SCHEMA: Mapping[str, Any] = {
                 "`null`: the engine supplies it."
             ),
         },
+        "enable_kv_events": {
+            "type": "boolean",
+            "default": False,
+            "description": (
+                "Keep stored/removed events of every tier (the CPU pool and each "
+                "secondary tier) for the engine to read, as a cache-aware router needs. "
+                "Off: nothing is kept."
+            ),
+        },
     },
 }
 
@@ -155,6 +179,16 @@ def is_tier_schema(schema: Any) -> bool:
 def is_policy_schema(schema: Any) -> bool:
     """True for a string subschema naming a registered eviction policy."""
     return isinstance(schema, Mapping) and schema.get(TIER_MARK) == POLICY_MARK_VALUE
+
+
+def is_ram_schema(schema: Any) -> bool:
+    """True for an integer subschema counting bytes the tier holds in RAM."""
+    return isinstance(schema, Mapping) and schema.get(TIER_MARK) == RAM_MARK_VALUE
+
+
+def is_own_directory_schema(schema: Any) -> bool:
+    """True for a path subschema naming a directory the tier owns."""
+    return isinstance(schema, Mapping) and schema.get(TIER_MARK) == OWN_DIRECTORY_MARK_VALUE
 
 
 def is_tier_array_schema(schema: Any) -> bool:

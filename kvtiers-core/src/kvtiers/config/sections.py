@@ -8,7 +8,9 @@ are checked against that record's schema; nested tier sections (`"x-kvtiers":
 
 In a vLLM config (`vllm=True`) a tier's vLLM key names are first mapped through
 its record's `aliases`, and unknown keys are set aside with a warning instead of
-being errors: vLLM's tier sections carry options for vLLM's own classes.
+being errors: vLLM's tier sections carry options for vLLM's own classes. A
+required option that vLLM's tier lacks may be derived instead (see
+`kvtiers.config.derive`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 
-from kvtiers.options import fill_defaults
+from kvtiers.config.derive import derivations, derive, relaxed
 from kvtiers.config.messages import did_you_mean, found, problems_from_error
 from kvtiers.config.model import TierSection, freeze
 from kvtiers.config.paths import PathParts, join
+from kvtiers.config.plugin_hints import disabled_hint
 from kvtiers.config.schema import (
     is_policy_schema,
     is_tier_array_schema,
@@ -33,6 +36,7 @@ from kvtiers.config.schema import (
     section_schema,
 )
 from kvtiers.errors import ConfigProblem, PluginError, UnknownNameError
+from kvtiers.options import fill_defaults
 from kvtiers.plugins.registry import Registry
 
 # A wrapper of a wrapper of ... is legal; a thousand of them is a mistake (or an
@@ -43,13 +47,16 @@ MAX_TIER_DEPTH = 8
 class Checker:
     """One validation pass over one document. Not thread-safe; cheap to create."""
 
-    def __init__(self, registry: Registry, *, vllm: bool = False):
+    def __init__(self, registry: Registry, *, vllm: bool = False, check_machine: bool = True):
         self.registry = registry
         self.vllm = vllm
+        self.check_machine = check_machine
         self.problems: list[ConfigProblem] = []
         self.warnings: list[str] = []
         self.notes: list[str] = []
-        self._validators: dict[int, tuple[Mapping[str, Any], Validator]] = {}
+        self._validators: dict[
+            tuple[int, frozenset[str]], tuple[Mapping[str, Any], Validator]
+        ] = {}
 
     def problem(self, path: str, message: str) -> None:
         self.problems.append(ConfigProblem(path, message))
@@ -70,11 +77,14 @@ class Checker:
         """Check `doc` (a dict) against `schema`, fill its defaults and turn its
         nested tier sections into `TierSection`s; returns `doc`, changed in place.
         Problems are collected, never raised."""
-        validator = self._validator(schema, path, owner)
+        derivable = derivations(schema) if self.vllm else {}
+        missing = frozenset(k for k in derivable if k not in doc)
+        validator = self._validator(schema, path, owner, relax=missing)
         if validator is None:
             return doc
         if self.vllm:
             self._set_aside_unknown(validator.schema, doc, path)
+        before = len(self.problems)
         for error in validator.iter_errors(doc):
             self.problems.extend(
                 problems_from_error(
@@ -86,6 +96,14 @@ class Checker:
                 )
             )
         fill_defaults(schema, doc)
+        if missing and len(self.problems) == before:
+            for key in sorted(missing):
+                got = derive(derivable[key], doc, path, check_machine=self.check_machine)
+                self.problems.extend(got.problems or ())
+                if got.note:
+                    self.notes.append(got.note)
+                if got.value is not None:
+                    doc[key] = got.value
         for key, sub in properties(schema).items():
             if key not in doc:
                 continue
@@ -127,7 +145,10 @@ class Checker:
             return None
         try:
             record = self.registry.get("tier", name).record
-        except (UnknownNameError, PluginError) as exc:
+        except UnknownNameError as exc:
+            self.problem(join(path, "type"), str(exc) + disabled_hint("tier", name))
+            return None
+        except PluginError as exc:
             self.problem(join(path, "type"), str(exc))
             return None
         options = {k: v for k, v in raw.items() if k != "type"}
@@ -151,18 +172,24 @@ class Checker:
     def _check_policy(self, name: str, path: str) -> None:
         try:
             self.registry.get("policy", name)
-        except (UnknownNameError, PluginError) as exc:
+        except UnknownNameError as exc:
+            self.problem(path, str(exc) + disabled_hint("policy", name))
+        except PluginError as exc:
             self.problem(path, str(exc))
 
-    def _validator(self, schema: Mapping[str, Any], path: str, owner: str) -> Validator | None:
-        """A validator for `schema` as a section (see `section_schema`), built once
-        per schema; a schema that is not valid JSON Schema is a plugin's bug,
-        reported at the section rather than raised."""
-        cached = self._validators.get(id(schema))
+    def _validator(
+        self, schema: Mapping[str, Any], path: str, owner: str, relax: frozenset[str]
+    ) -> Validator | None:
+        """A validator for `schema` as a section (see `section_schema`), with the
+        `relax` keys no longer required, built once per schema and keys; a schema
+        that is not valid JSON Schema is a plugin's bug, reported at the section
+        rather than raised."""
+        key = (id(schema), relax)
+        cached = self._validators.get(key)
         if cached is not None and cached[0] is schema:
             return cached[1]
         try:
-            shallow = section_schema(schema)
+            shallow = section_schema(relaxed(schema, relax) if relax else schema)
             cls = validator_for(shallow, default=Draft202012Validator)
             cls.check_schema(shallow)
             validator: Validator = cls(shallow)
@@ -174,7 +201,7 @@ class Checker:
                 f"plugin): {message}",
             )
             return None
-        self._validators[id(schema)] = (schema, validator)
+        self._validators[key] = (schema, validator)
         return validator
 
     def _set_aside_unknown(self, schema: Any, doc: dict[str, Any], path: str) -> None:

@@ -43,6 +43,17 @@ def read_source(source: ConfigSource) -> Document:
         raise ConfigError(
             f"a config is a file path, a JSON string or a mapping, not {type(source).__name__}"
         )
+    text_path = os.fspath(source)
+    if isinstance(text_path, str) and not text_path.strip():
+        raise ConfigError(
+            "the config is an empty string: pass the path of a JSON file, or the JSON "
+            "document itself"
+        )
+    if "\x00" in str(text_path):
+        raise ConfigError(
+            f"{str(text_path)!r} is not a file path (it contains a NUL character); pass the "
+            "path of a JSON file, or the JSON document itself"
+        )
     path = Path(source)
     try:
         text = path.read_text(encoding="utf-8")
@@ -57,8 +68,9 @@ def read_source(source: ConfigSource) -> Document:
         raise ConfigError(
             f"{str(path)!r} is not UTF-8 text (byte {exc.start}); a config is a JSON file"
         ) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(f"cannot read config file {str(path)!r}: {why}") from None
     return Document(parse_json(text, str(path)), str(path))
 
 

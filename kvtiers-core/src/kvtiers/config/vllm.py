@@ -10,6 +10,11 @@ names (`cpu_bytes_to_use`, `eviction_policy`, `secondary_tiers`, each tier's
 tier's `n_write_threads` where the tier has no such option, ...) are accepted with
 a warning naming them, so a working vLLM config always loads.
 
+vLLM's own fields are checked as vLLM checks them (`kv_role` is one of three
+names, `kv_port` an integer, ...), and a config that vLLM would never route to
+kvtiers' reading is an error, not a warning: another connector, a connector or
+spec imported from someone else's module, a spec other than the tiering ones.
+
 Detection: an object with `kv_connector`, `kv_role` or `kv_connector_extra_config`
 is a whole kv_transfer_config; one with `spec_name` is its extra config; anything
 else is a kvtiers config.
@@ -17,10 +22,11 @@ else is a kvtiers config.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtiers.config.messages import did_you_mean, found, show
+from kvtiers.config.messages import did_you_mean, found, problems_from_error, show
 from kvtiers.config.paths import ROOT, join
 from kvtiers.config.sections import Checker
 
@@ -30,30 +36,55 @@ VLLM_EXTRA = "vllm_extra_config"
 
 EXTRA_KEY = "kv_connector_extra_config"
 TIERING_SPEC = "TieringOffloadingSpec"
+# kvtiers-vllm's spec: kvtiers' manager and tiers as vLLM's offloading spec.
+KVTIERS_SPEC = "KvtiersOffloadingSpec"
+SPECS = (TIERING_SPEC, KVTIERS_SPEC)
 CONNECTORS = frozenset({"OffloadingConnector"})
+# Where each spec may be imported from (`spec_module_path`): vLLM's own modules for
+# its tiering spec, kvtiers-vllm's for kvtiers' spec. Anything else is someone
+# else's class that happens to share the name.
+_SPEC_MODULES = {TIERING_SPEC: "vllm", KVTIERS_SPEC: "kvtiers_vllm"}
 
-# vLLM's KVTransferConfig fields: they configure vLLM's side of the connector and
-# are none of kvtiers' business, so they pass without a warning.
-TRANSFER_FIELDS = frozenset(
-    {
-        "kv_connector",
-        "engine_id",
-        "kv_buffer_device",
-        "kv_buffer_size",
-        "kv_role",
-        "kv_rank",
-        "kv_parallel_size",
-        "kv_ip",
-        "kv_port",
-        EXTRA_KEY,
-        "kv_connector_module_path",
-        "kv_load_failure_policy",
-        "enable_permute_local_kv",
-    }
-)
+# vLLM's own specs that are not a typo of ours (no "did you mean" for them).
+_OTHER_SPECS = frozenset({"CPUOffloadingSpec"})
+
+_ROLES = ["kv_producer", "kv_consumer", "kv_both"]
+
+
+def _nullable(kind: str, description: str) -> dict[str, Any]:
+    return {"type": [kind, "null"], "description": description}
+
+
+# vLLM's KVTransferConfig fields and their types (vLLM 0.33): they configure vLLM's
+# side of the connector and pass without a warning, but a value vLLM would refuse
+# is refused here too. Their meaning is vLLM's business; see its docs.
+TRANSFER_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "kv_connector": _nullable("string", "the connector vLLM builds"),
+        "engine_id": _nullable("string", "the engine id of KV transfers"),
+        "kv_buffer_device": _nullable("string", "the connector's buffer device"),
+        "kv_buffer_size": {"type": "number", "minimum": 0, "description": "buffer bytes"},
+        "kv_role": {"enum": [*_ROLES, None], "description": "what this instance does with KV"},
+        "kv_rank": _nullable("integer", "this instance's rank in KV transfers"),
+        "kv_parallel_size": {"type": "integer", "minimum": 1, "description": "instances"},
+        "kv_ip": {"type": "string", "description": "the connector's IP"},
+        "kv_port": {
+            "type": "integer", "minimum": 0, "maximum": 65535, "description": "its port",
+        },
+        EXTRA_KEY: {"type": "object", "description": "the connector's options"},
+        "kv_connector_module_path": _nullable("string", "where vLLM imports the connector"),
+        "enable_permute_local_kv": {"type": "boolean", "description": "HND to NHD transfer"},
+        "kv_load_failure_policy": {
+            "enum": ["recompute", "fail"], "description": "what a failed load costs",
+        },
+    },
+}
+TRANSFER_FIELDS = frozenset(TRANSFER_SCHEMA["properties"])
 _MARKERS = frozenset({"kv_connector", "kv_role", EXTRA_KEY})
 # Extra-config keys that choose vLLM's spec class rather than configure it.
 _SPEC_KEYS = frozenset({"spec_name", "spec_module_path"})
+_OWNER = "vLLM's kv_transfer_config"
 
 
 @dataclass(frozen=True)
@@ -66,7 +97,7 @@ class Unwrapped:
     source_format: str
 
 
-def detect(doc: dict[str, Any]) -> str:
+def detect(doc: Mapping[str, Any]) -> str:
     """NATIVE, VLLM_TRANSFER or VLLM_EXTRA."""
     if _MARKERS & doc.keys():
         return VLLM_TRANSFER
@@ -84,18 +115,7 @@ def unwrap(doc: dict[str, Any], checker: Checker) -> Unwrapped | None:
     extra: Any = doc
     base = ROOT
     if fmt == VLLM_TRANSFER:
-        for key in doc:
-            if key not in TRANSFER_FIELDS:
-                checker.warnings.append(
-                    f"{join(ROOT, key)}: ignored, not a field of vLLM's kv_transfer_config"
-                    f"{did_you_mean(key, TRANSFER_FIELDS)}"
-                )
-        connector = doc.get("kv_connector")
-        if connector not in CONNECTORS:
-            checker.warnings.append(
-                f"{join(ROOT, 'kv_connector')}: is {show(connector)}; kvtiers reads "
-                f"{EXTRA_KEY} as options of vLLM's {' or '.join(sorted(CONNECTORS))}"
-            )
+        _check_transfer(doc, checker)
         base = join(ROOT, EXTRA_KEY)
         extra = doc.get(EXTRA_KEY, {})
         if not isinstance(extra, dict):
@@ -103,16 +123,99 @@ def unwrap(doc: dict[str, Any], checker: Checker) -> Unwrapped | None:
                 base, f"expected an object (the connector's options), found {found(extra)}"
             )
             return None
-    spec = extra.get("spec_name")
-    if spec != TIERING_SPEC:
-        builds = (
-            f"vLLM builds {show(spec)}"
-            if spec is not None
-            else "unset, vLLM builds CPUOffloadingSpec"
-        )
-        checker.warnings.append(
-            f"{join(base, 'spec_name')}: {builds}; kvtiers reads these options as a "
-            f'{TIERING_SPEC}\'s (set "spec_name": "{TIERING_SPEC}")'
-        )
+    _check_spec(extra, base, checker)
     native = {k: v for k, v in extra.items() if k not in _SPEC_KEYS}
     return Unwrapped(native, base, fmt)
+
+
+def _check_transfer(doc: dict[str, Any], checker: Checker) -> None:
+    """vLLM's own fields: their types, and that vLLM would build its
+    OffloadingConnector from them (the only connector whose options kvtiers reads)."""
+    from jsonschema.validators import Draft202012Validator
+
+    for key in doc:
+        if key not in TRANSFER_FIELDS:
+            checker.warnings.append(
+                f"{join(ROOT, key)}: ignored, not a field of vLLM's kv_transfer_config"
+                f"{did_you_mean(key, TRANSFER_FIELDS)}"
+            )
+    for error in Draft202012Validator(TRANSFER_SCHEMA).iter_errors(doc):
+        if list(error.absolute_path) == [EXTRA_KEY]:
+            continue  # said by `unwrap`, with the connector's words
+        checker.problems.extend(
+            problems_from_error(error, ROOT, owner=_OWNER, renames={}, aliases={})
+        )
+    connector = doc.get("kv_connector")
+    want = " or ".join(f'"{c}"' for c in sorted(CONNECTORS))
+    if connector is None:
+        checker.problem(
+            join(ROOT, "kv_connector"),
+            f"{'null' if 'kv_connector' in doc else 'missing'}; without a connector vLLM "
+            f"offloads nothing: set \"kv_connector\": {want}",
+        )
+    elif isinstance(connector, str) and connector not in CONNECTORS:
+        checker.problem(
+            join(ROOT, "kv_connector"),
+            f"is {show(connector)}{did_you_mean(connector, CONNECTORS)}; vLLM hands "
+            f"{EXTRA_KEY} to that connector, and kvtiers reads it only as the options of "
+            f"vLLM's {' or '.join(sorted(CONNECTORS))}: set \"kv_connector\": {want}",
+        )
+    module = doc.get("kv_connector_module_path")
+    if isinstance(module, str) and not _within(module, "vllm"):
+        checker.problem(
+            join(ROOT, "kv_connector_module_path"),
+            f"is {show(module)}: vLLM would import {show(connector)} from that module "
+            "instead of building its own OffloadingConnector; remove "
+            "kv_connector_module_path",
+        )
+    if connector is not None and doc.get("kv_role") is None:
+        checker.problem(
+            join(ROOT, "kv_role"),
+            f"{'null' if 'kv_role' in doc else 'missing'}; "
+            "vLLM refuses a kv_connector without a role: one of "
+            f"{', '.join(show(r) for r in _ROLES)} (offloading: \"kv_both\")",
+        )
+
+
+def _check_spec(extra: Mapping[str, Any], base: str, checker: Checker) -> None:
+    """`spec_name` and `spec_module_path`: the spec vLLM builds must be one whose
+    options kvtiers reads (vLLM's tiering spec, or kvtiers-vllm's)."""
+    spec = extra.get("spec_name")
+    names = " or ".join(f'"{s}"' for s in SPECS)
+    where = join(base, "spec_name")
+    if spec is None:
+        checker.problem(
+            where,
+            f"{'null' if 'spec_name' in extra else 'missing'}; vLLM then builds "
+            "CPUOffloadingSpec, which has no secondary tiers and never reads these "
+            f"options as kvtiers does: set \"spec_name\": {names}",
+        )
+        return
+    if not isinstance(spec, str):
+        checker.problem(where, f"expected a spec name (a string), found {found(spec)}")
+        return
+    if spec not in SPECS:
+        checker.problem(
+            where,
+            f"is {show(spec)}{'' if spec in _OTHER_SPECS else did_you_mean(spec, SPECS)}: "
+            "vLLM builds that spec, which "
+            f"does not read these options as kvtiers does: set \"spec_name\": {names}",
+        )
+        return
+    module = extra.get("spec_module_path")
+    where = join(base, "spec_module_path")
+    if module is None:
+        return
+    if not isinstance(module, str):
+        checker.problem(where, f"expected a module path (a string), found {found(module)}")
+    elif not _within(module, _SPEC_MODULES[spec]):
+        checker.problem(
+            where,
+            f"is {show(module)}: vLLM would import {spec} from that module, a class "
+            f"kvtiers knows nothing of; remove spec_module_path (vLLM finds {spec} by "
+            f"name), or name a module of {_SPEC_MODULES[spec]}",
+        )
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")

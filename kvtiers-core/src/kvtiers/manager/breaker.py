@@ -13,7 +13,7 @@ import enum
 from kvtiers.clock import Clock
 
 
-class BreakerState(str, enum.Enum):
+class BreakerState(enum.StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"

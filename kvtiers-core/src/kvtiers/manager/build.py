@@ -6,11 +6,14 @@ import logging
 
 from kvtiers.clock import Clock, monotonic
 from kvtiers.config.model import KvtiersConfig
+from kvtiers.errors import ConfigError, ConfigProblem, PluginError
+from kvtiers.humanize import format_bytes
 from kvtiers.manager.manager import TieringOffloadingManager
 from kvtiers.metrics import MetricsSink, NullMetrics
 from kvtiers.namespace import Namespace
 from kvtiers.plugins.registry import Registry, get_registry
-from kvtiers.pool_view import PoolView
+from kvtiers.policies.base import EvictionPolicy
+from kvtiers.pool_view import PoolView, round_up
 from kvtiers.tier import SecondaryTier, TierContext
 from kvtiers.tiers import create_tier
 
@@ -18,35 +21,71 @@ from kvtiers.tiers import create_tier
 def tier_names(config: KvtiersConfig) -> list[str]:
     """Display names of the configured tiers: their type, numbered when repeated."""
     types = [s.type for s in config.secondary_tiers]
-    return [t if types.count(t) == 1 else f"{t}#{types[:i + 1].count(t)}" for i, t in enumerate(types)]
+    return [
+        t if types.count(t) == 1 else f"{t}#{types[: i + 1].count(t)}"
+        for i, t in enumerate(types)
+    ]
+
+
+def num_slots_for(config: KvtiersConfig, block_bytes: int) -> int:
+    """How many blocks of `block_bytes` the config's `cpu_bytes_to_use` holds: the
+    slot count of the pool `CpuPool(block_bytes, cpu_bytes_to_use)` makes (slots are
+    blocks rounded up to 4 KiB)."""
+    if block_bytes <= 0:
+        raise ValueError(f"block_bytes must be positive, got {block_bytes}")
+    return config.cpu_bytes_to_use // round_up(block_bytes)
 
 
 def build_manager(
     config: KvtiersConfig,
-    pool: PoolView,
-    namespace: Namespace,
+    pool: PoolView | None = None,
+    namespace: Namespace | None = None,
     *,
+    block_bytes: int | None = None,
     clock: Clock = monotonic,
     registry: Registry | None = None,
     metrics: MetricsSink | None = None,
     logger: logging.Logger | None = None,
+    enable_events: bool | None = None,
 ) -> TieringOffloadingManager:
-    """The manager for `pool`, with the config's policy and secondary tiers (built in
-    config order; if one fails to build, those already built are closed)."""
+    """The manager for the config's CPU pool, with its policy and secondary tiers
+    (built in config order; if one fails to build, those already built are closed).
+
+    `pool`: the pool's view. Its slot count must be what `cpu_bytes_to_use` makes
+    of its blocks (`ConfigError` naming both otherwise). Without secondary tiers the
+    scheduler side never touches the pool's bytes: then `block_bytes` alone will do,
+    and `namespace` is not needed. `enable_events` overrides the config's
+    `enable_kv_events`."""
+    if pool is not None:
+        num_slots = _check_pool(config, pool)
+    elif block_bytes is not None:
+        num_slots = num_slots_for(config, block_bytes)
+    else:
+        raise TypeError("build_manager needs the pool's view or, without tiers, its block_bytes")
+    if config.secondary_tiers and (pool is None or namespace is None):
+        missing = " and ".join(
+            n for n, v in (("the pool's view", pool), ("a namespace", namespace)) if v is None
+        )
+        raise TypeError(f"build_manager: secondary tiers are configured, which need {missing}")
     registry = registry or get_registry()
     logger = logger or logging.getLogger("kvtiers")
     policy_cls = registry.get_policy(config.eviction_policy).record.load()
+    if not issubclass(policy_cls, EvictionPolicy):
+        raise PluginError(
+            f"policy {config.eviction_policy!r} is a {policy_cls.__name__}, not an EvictionPolicy"
+        )
     names = tier_names(config)
     tiers: list[SecondaryTier] = []
     try:
-        for name, section in zip(names, config.secondary_tiers):
+        for name, section in zip(names, config.secondary_tiers, strict=True):
+            assert pool is not None and namespace is not None
             ctx = TierContext(
                 pool, namespace, clock, logger.getChild(name), metrics or NullMetrics(), name
             )
             tiers.append(create_tier(section, ctx, registry))
         return TieringOffloadingManager(
-            pool.num_slots,
-            policy_cls.for_slots(pool.num_slots),
+            num_slots,
+            policy_cls.for_slots(num_slots),
             tiers,
             write_policy=config.write_policy,
             clock=clock,
@@ -56,8 +95,23 @@ def build_manager(
             breaker_cooldown_s=config.breaker.cooldown_s,
             require_verified_tiers=config.require_verified_tiers,
             tier_names=names,
+            enable_events=config.enable_kv_events if enable_events is None else enable_events,
         )
     except BaseException:
         for tier in tiers:
             tier.close()
         raise
+
+
+def _check_pool(config: KvtiersConfig, pool: PoolView) -> int:
+    expected = config.cpu_bytes_to_use // pool.slot_bytes
+    if pool.num_slots != expected:
+        raise ConfigError(ConfigProblem(
+            "$.cpu_bytes_to_use",
+            f"cpu_bytes_to_use is {config.cpu_bytes_to_use} bytes "
+            f"({format_bytes(config.cpu_bytes_to_use)}), which makes {expected} slots of "
+            f"{pool.slot_bytes} bytes, but the CPU pool given has "
+            f"{pool.num_slots} slots ({pool.nbytes} bytes, {format_bytes(pool.nbytes)}): "
+            "build the pool from the same config",
+        ))  # fmt: skip
+    return expected

@@ -26,10 +26,22 @@ class PrefixLookup:
     retry: bool
 
 
+#: The tier name of the CPU pool in events and stats.
+CPU = "cpu"
+
+
 @dataclass(frozen=True, slots=True)
 class OffloadEvent:
-    """Blocks that became readable from the CPU pool ("stored") or left it ("removed")."""
+    """Blocks that became readable from a tier ("stored") or left it ("removed").
+
+    `tier` says which: "cpu" (the CPU pool) or a secondary tier's display name as
+    in `stats()["tiers"]` ("fs", "fs#2"); vLLM calls it the medium. A secondary
+    tier's "stored" is a successful cascade into it, its "removed" what the tier
+    reported through `TierContext.events`. `source`, on a "stored" event of the
+    pool, names the secondary tier the blocks were promoted from; None when the
+    engine stored them from the GPU (and on every other event)."""
 
     kind: str
     keys: list[BlockKey]
-    medium: str = "cpu"
+    tier: str = CPU
+    source: str | None = None

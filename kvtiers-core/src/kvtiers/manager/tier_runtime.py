@@ -1,5 +1,6 @@
-"""What the manager keeps per secondary tier: the tier, its breaker, its bounded
-cascade queue and the counters credited to it."""
+"""What the manager keeps per secondary tier (the tier, its breaker, its bounded
+cascade queue and the counters credited to it) and per job it gave a tier. Plain
+records: `TierTraffic` owns and changes them."""
 
 from __future__ import annotations
 
@@ -47,3 +48,15 @@ class TierRuntime:
     # pinned (cascades) or quarantined (promotions). Counted against `queue_limit`.
     stuck_blocks: int = 0
     counters: TierCounters = field(default_factory=TierCounters)
+
+
+@dataclass
+class TierJob:
+    """A job the manager gave a tier: a promotion ("promote") or a cascade."""
+
+    kind: str  # "promote" | "cascade"
+    tier: TierRuntime
+    keys: list[BlockKey]
+    slots: list[int]
+    deadline: float
+    timed_out: bool = False

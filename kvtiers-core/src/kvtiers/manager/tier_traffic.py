@@ -1,23 +1,33 @@
-"""The manager's traffic with its secondary tiers: collecting finished jobs, timing
-out late ones, submitting the step's promotions and cascades, and draining.
+"""`TierTraffic`: the manager's traffic with its secondary tiers.
 
-A mixin of `TieringOffloadingManager`, kept apart because it is the one part that
-talks to tiers; it uses the manager's pool state (`_hold`, `_release`,
-`_drop_reserved`, `_free_slot`, the slot state arrays) and nothing else of it.
-Runs on the scheduler's thread like the rest of the manager.
+It owns, per tier, a `TierRuntime` (breaker, bounded cascade queue, the step's
+promotions, counters) and the table of jobs given to tiers. It finds blocks in the
+tiers (a HIT reserves a pool slot through the `SlotTable` and starts a promotion),
+queues cascades, and in `step()` collects finished jobs, times out late ones and
+submits the step's promotions and cascades, one job per tier and chunk. The pool's
+state changes only through the `SlotTable`'s methods.
+
+Scheduler thread (the manager calls it under its lock), except `drain_tiers` and
+`close_tiers`, which block and are called without the lock. A tier's exception is
+logged, counted against its breaker and treated as a miss or a failed job.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from kvtiers.clock import Clock
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
-from kvtiers.manager.events import OffloadEvent
-from kvtiers.manager.slot_state import QUARANTINED, READY
-from kvtiers.manager.tier_runtime import TierRuntime
+from kvtiers.lookup import LookupResult
+from kvtiers.manager.breaker import CircuitBreaker
+from kvtiers.manager.event_log import EventLog
+from kvtiers.manager.slot_table import SlotTable
+from kvtiers.manager.tier_runtime import TierJob, TierRuntime
+from kvtiers.tier import SecondaryTier
+from kvtiers.tier_events import TierEvents
 
 _log = logging.getLogger("kvtiers.manager")
 
@@ -25,41 +35,130 @@ _log = logging.getLogger("kvtiers.manager")
 _UNHEALTHY = {FailureReason.IO, FailureReason.TIMEOUT, FailureReason.CLOSED}
 
 
-@dataclass
-class _Job:
-    kind: str  # "promote" | "cascade"
-    tier: TierRuntime
-    keys: list[BlockKey]
-    slots: list[int]
-    deadline: float
-    timed_out: bool = False
-
-
 class TierTraffic:
-    """Mixin: see the module docstring."""
+    """See the module docstring. `tiers` and `jobs` may be read (stats, checks);
+    `next_id()` hands out job ids shared with the manager's peer jobs."""
+
+    def __init__(
+        self,
+        tiers: Sequence[SecondaryTier],
+        names: Sequence[str],
+        slots: SlotTable,
+        events: EventLog,
+        next_id: Callable[[], int],
+        *,
+        clock: Clock,
+        job_timeout_s: float,
+        queue_limit: int,
+        max_job_blocks: int,
+        max_inflight_cascade_blocks: int,
+        breaker_failures: int,
+        breaker_cooldown_s: float,
+    ):
+        self._slots = slots
+        self._events = events
+        self._next_id = next_id
+        self._clock = clock
+        self._timeout = job_timeout_s
+        self._max_job = max_job_blocks
+        self._max_inflight = max_inflight_cascade_blocks
+        self.tiers = [
+            TierRuntime(
+                i, names[i], t, CircuitBreaker(clock, breaker_failures, breaker_cooldown_s),
+                queue_limit,
+            )
+            for i, t in enumerate(tiers)
+        ]  # fmt: skip
+        self.jobs: dict[int, TierJob] = {}
+        for rt in self.tiers:
+            reporter = getattr(getattr(rt.tier, "ctx", None), "events", None)
+            if isinstance(reporter, TierEvents):
+                events.watch(rt.name, reporter)
+
+    # ------------------------------------------------------------------ lookups
+
+    def lookup(self, key: BlockKey) -> LookupResult:
+        """Ask the tiers in order for a block the pool lacks. A HIT reserves a slot
+        and queues its promotion for this step's job: HIT_PENDING. MISS also when
+        no slot can be had."""
+        retry = False
+        for rt in self.tiers:
+            if rt.stuck_blocks >= rt.queue_limit or not rt.breaker.allows():
+                continue
+            try:
+                answer = rt.tier.lookup(key)
+            except Exception:  # noqa: BLE001 - a tier's failure is a miss
+                rt.counters.lookup_errors += 1
+                _log.exception("tier %s: lookup raised; treating as a miss", rt.name)
+                rt.breaker.failure()
+                continue
+            if answer is LookupResult.HIT:
+                slot = self._slots.reserve_promotion(key, self.copy_down)
+                if slot is None:
+                    return LookupResult.MISS
+                rt.promotions.append((key, slot))
+                return LookupResult.HIT_PENDING
+            if answer is LookupResult.RETRY:
+                retry = True
+        return LookupResult.RETRY if retry else LookupResult.MISS
+
+    # ------------------------------------------------------------------ cascades
+
+    def cascade(self, key: BlockKey, slot: int) -> None:
+        """Queue copies of a just-stored block to every tier (write_through)."""
+        for rt in self.tiers:
+            self._queue_cascade(rt, key, slot)
+
+    def copy_down(self, key: BlockKey, slot: int) -> bool:
+        """Queue copies of a dirty victim to every tier (write_back); False when no
+        tier took it."""
+        queued = False
+        for rt in self.tiers:
+            if self._queue_cascade(rt, key, slot):
+                queued = True
+        return queued
+
+    def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int) -> bool:
+        """Queue a copy of the block to `rt` (taking a hold), or drop and count it
+        when the tier's queued plus running cascades reach its bound or it is down."""
+        busy = len(rt.queue) + rt.inflight_cascade_blocks + rt.stuck_blocks
+        if busy >= rt.queue_limit or not rt.breaker.allows():
+            rt.counters.cascades_dropped += 1
+            return False
+        rt.queue.append((key, slot))
+        self._slots.hold(key, slot)
+        return True
+
+    def drop_queued(self) -> None:
+        """Forget every cascade not yet submitted (their holds go)."""
+        release = self._slots.release
+        for rt in self.tiers:
+            while rt.queue:
+                key, slot = rt.queue.popleft()
+                rt.counters.cascades_dropped += 1
+                release(key, slot)
 
     # ------------------------------------------------------------------ step
 
     def step(self) -> None:
-        """Collect finished tier jobs, time out late ones, submit queued promotions
-        and cascades. Call once per scheduler step."""
-        with self._lock:
-            for rt in self._tiers:
-                try:
-                    results = rt.tier.get_finished_jobs()
-                except Exception:  # noqa: BLE001
-                    _log.exception("tier %s: get_finished_jobs raised", rt.name)
-                    rt.breaker.failure()
-                    continue
-                for result in results:
-                    self._finish(result)
-            self._expire()
-            for rt in self._tiers:
-                self._submit_promotions(rt)
-                self._submit_cascades(rt)
+        """Collect finished jobs, time out late ones, submit queued promotions and
+        cascades."""
+        for rt in self.tiers:
+            try:
+                results = rt.tier.get_finished_jobs()
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: get_finished_jobs raised", rt.name)
+                rt.breaker.failure()
+                continue
+            for result in results:
+                self._finish(result)
+        self._expire()
+        for rt in self.tiers:
+            self._submit_promotions(rt)
+            self._submit_cascades(rt)
 
     def _finish(self, result: JobResult) -> None:
-        job = self._jobs.pop(result.job_id, None)
+        job = self.jobs.pop(result.job_id, None)
         if job is None:
             _log.warning("unknown job %d reported; ignored", result.job_id)
             return
@@ -79,35 +178,37 @@ class TierTraffic:
         else:
             self._end_cascade(job, result)
 
-    def _land_promotion(self, job: _Job, result: JobResult) -> None:
+    def _land_promotion(self, job: TierJob, result: JobResult) -> None:
         failed = result.failed
         ok = set(result.ok)
-        state = self._state
+        slots = self._slots
         landed: list[BlockKey] = []
-        for key, slot in zip(job.keys, job.slots):
+        for key, slot in zip(job.keys, job.slots, strict=True):
             if key in failed or key not in ok:  # a key the tier did not report ok
                 job.tier.counters.promotion_failures += 1
-                self._drop_reserved(key, slot)
+                slots.drop_reserved(key, slot)
             else:
-                state[slot] = READY
-                self._release(key, slot)
+                slots.land(key, slot)
                 landed.append(key)
         job.tier.counters.promoted_hits += len(landed)
-        if landed:
-            self._events.append(OffloadEvent("stored", landed))
+        self._events.stored(landed, source=job.tier.name)
 
-    def _end_cascade(self, job: _Job, result: JobResult) -> None:
+    def _end_cascade(self, job: TierJob, result: JobResult) -> None:
         rt = job.tier
         rt.inflight_cascade_blocks -= len(job.keys)
-        ok = len(job.keys) - len(result.failed)
-        rt.counters.cascaded_blocks += ok
-        rt.counters.cascade_failures += len(result.failed)
-        for key, slot in zip(job.keys, job.slots):
-            self._release(key, slot)
+        failed = result.failed
+        rt.counters.cascaded_blocks += len(job.keys) - len(failed)
+        rt.counters.cascade_failures += len(failed)
+        if self._events.enabled:
+            ok = set(result.ok)
+            self._events.stored([k for k in job.keys if k in ok and k not in failed], rt.name)
+        release = self._slots.release
+        for key, slot in zip(job.keys, job.slots, strict=True):
+            release(key, slot)
 
     def _expire(self) -> None:
         now = self._clock()
-        for job in self._jobs.values():
+        for job in self.jobs.values():
             if job.timed_out or job.deadline > now:
                 continue
             job.timed_out = True
@@ -117,30 +218,22 @@ class TierTraffic:
             rt.counters.count_errors({FailureReason.TIMEOUT: len(job.keys)})
             rt.breaker.failure()
             if job.kind == "promote":
-                # The key becomes a miss now; the slot stays quarantined until the
-                # tier reports, because a stuck read may still land in it.
-                for key, slot in zip(job.keys, job.slots):
-                    self._policy.remove(key)
-                    if self._holds[slot]:
-                        self._pinned -= 1
-                    self._holds[slot] = 0
-                    self._state[slot] = QUARANTINED
-                    self._flags[slot] = 0
+                for key, slot in zip(job.keys, job.slots, strict=True):
+                    self._slots.quarantine(key, slot)
             # A timed-out cascade keeps its holds: the tier may still be reading the
             # slots, so they must not be reused until it reports.
             else:
                 rt.inflight_cascade_blocks -= len(job.keys)
                 rt.counters.cascade_failures += len(job.keys)
 
-    def _settle_timed_out(self, job: _Job) -> None:
+    def _settle_timed_out(self, job: TierJob) -> None:
         job.tier.stuck_blocks -= len(job.keys)
         if job.kind == "promote":
             for slot in job.slots:
-                if self._state[slot] == QUARANTINED:
-                    self._free_slot(slot)
+                self._slots.free_quarantined(slot)
         else:
-            for key, slot in zip(job.keys, job.slots):
-                self._release(key, slot)
+            for key, slot in zip(job.keys, job.slots, strict=True):
+                self._slots.release(key, slot)
 
     def _submit_promotions(self, rt: TierRuntime) -> None:
         pending = rt.promotions
@@ -154,11 +247,11 @@ class TierTraffic:
                 rt.tier.submit_load(job)
             except Exception:  # noqa: BLE001
                 _log.exception("tier %s: submit_load raised", rt.name)
-                self._jobs.pop(job.job_id)
+                self.jobs.pop(job.job_id)
                 rt.breaker.failure()
                 for key, slot in chunk:
                     rt.counters.promotion_failures += 1
-                    self._drop_reserved(key, slot)
+                    self._slots.drop_reserved(key, slot)
 
     def _submit_cascades(self, rt: TierRuntime) -> None:
         queue = rt.queue
@@ -176,55 +269,79 @@ class TierTraffic:
                 rt.tier.submit_store(job)
             except Exception:  # noqa: BLE001
                 _log.exception("tier %s: submit_store raised", rt.name)
-                self._jobs.pop(job.job_id)
+                self.jobs.pop(job.job_id)
                 rt.breaker.failure()
                 rt.inflight_cascade_blocks -= n
                 rt.counters.cascade_failures += n
                 for key, slot in chunk:
-                    self._release(key, slot)
+                    self._slots.release(key, slot)
                 return
 
-    def _new_job(self, kind: str, rt: TierRuntime, items: list[tuple[BlockKey, int]]) -> TransferJob:
-        job_id = self._next_job_id
-        self._next_job_id += 1
+    def _new_job(
+        self, kind: str, rt: TierRuntime, items: list[tuple[BlockKey, int]]
+    ) -> TransferJob:
+        job_id = self._next_id()
         keys = [k for k, _ in items]
         slots = [s for _, s in items]
         deadline = self._clock() + self._timeout
-        self._jobs[job_id] = _Job(kind, rt, keys, slots, deadline)
+        self.jobs[job_id] = TierJob(kind, rt, keys, slots, deadline)
         return TransferJob(job_id, keys, slots, deadline)
 
-    def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int) -> bool:
-        """Queue a copy of the block to `rt` (taking a hold), or drop and count it
-        when the tier's queued plus running cascades reach its bound or it is down."""
-        busy = len(rt.queue) + rt.inflight_cascade_blocks + rt.stuck_blocks
-        if busy >= rt.queue_limit or not rt.breaker.allows():
-            rt.counters.cascades_dropped += 1
-            return False
-        rt.queue.append((key, slot))
-        self._hold(key, slot)
-        return True
+    # ------------------------------------------------------------------ idle, drain
 
-    def drain(self, timeout: float | None = None) -> bool:
-        """Submit everything queued and wait for the tiers' jobs (shutdown, tests).
-        False when `timeout` passed or the tiers stopped making progress (a tier
-        that never reports, a breaker holding cascades back). Never holds the lock
-        while it waits: a peer-serving tier's threads may need the manager."""
-        end = None if timeout is None else time.monotonic() + timeout
-        self.step()
-        while True:
-            with self._lock:
-                if not self._jobs and not any(rt.queue or rt.promotions for rt in self._tiers):
-                    return True
-                before = (set(self._jobs), [len(rt.queue) for rt in self._tiers])
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            for rt in self._tiers:
-                try:
-                    rt.tier.drain(left)
-                except Exception:  # noqa: BLE001
-                    _log.exception("tier %s: drain raised", rt.name)
-            self.step()
-            with self._lock:
-                if (set(self._jobs), [len(rt.queue) for rt in self._tiers]) == before:
-                    return False
+    def idle(self) -> bool:
+        """No job running, no cascade queued, no promotion waiting for the step."""
+        return not self.jobs and not any(rt.queue or rt.promotions for rt in self.tiers)
+
+    def progress(self) -> tuple[set[int], list[int]]:
+        """What changes when work moves on (jobs running, cascades queued)."""
+        return set(self.jobs), [len(rt.queue) for rt in self.tiers]
+
+    def drain_tiers(self, timeout: float | None) -> None:
+        """Wait for each tier's running jobs (blocks; call without the lock)."""
+        for rt in self.tiers:
+            try:
+                rt.tier.drain(timeout)
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: drain raised", rt.name)
+
+    # ------------------------------------------------------------------ the rest
+
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        for rt in self.tiers:
+            if not rt.breaker.allows():
+                continue
+            try:
+                rt.tier.touch(keys)
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: touch raised", rt.name)
+
+    def request_started(self, request_id: str, params: Mapping[str, Any] | None) -> None:
+        for rt in self.tiers:
+            try:
+                rt.tier.on_request_start(request_id, params)
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: on_request_start raised", rt.name)
+
+    def request_finished(self, request_id: str) -> None:
+        for rt in self.tiers:
+            try:
+                rt.tier.on_request_finished(request_id)
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: on_request_finished raised", rt.name)
+
+    def counters(self) -> list[tuple[TierRuntime, dict[str, Any]]]:
+        """Per tier, what the manager credits it with (for `stats()`)."""
+        return [
+            (rt, {**vars(rt.counters), "breaker": rt.breaker.state.value,
+                  "queued_cascades": len(rt.queue)})
+            for rt in self.tiers
+        ]  # fmt: skip
+
+    def close_tiers(self) -> None:
+        """Close every tier (blocks; call without the lock)."""
+        for rt in self.tiers:
+            try:
+                rt.tier.close()
+            except Exception:  # noqa: BLE001
+                _log.exception("tier %s: close raised", rt.name)

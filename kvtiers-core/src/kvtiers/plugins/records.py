@@ -7,26 +7,41 @@ import argparse
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from kvtiers.errors import PluginError
+
+T = TypeVar("T")
 
 
 def _resolve(target: str | type) -> type:
     if not isinstance(target, str):
         return target
+    cls: type = _import_attr(target, "class", "Class")
+    return cls
+
+
+def _resolve_callable(target: str | Callable[..., T]) -> Callable[..., T]:
+    if not isinstance(target, str):
+        return target
+    fn = _import_attr(target, "function", "function")
+    if not callable(fn):
+        raise PluginError(f"{target!r} is a {type(fn).__name__}, not a function")
+    return cast("Callable[..., T]", fn)
+
+
+def _import_attr(target: str, what: str, example: str) -> Any:
     module_name, _, attr = target.partition(":")
     if not attr:
-        raise PluginError(f"class path {target!r} must look like 'package.module:Class'")
+        raise PluginError(f"{what} path {target!r} must look like 'package.module:{example}'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise PluginError(f"cannot import {module_name!r}: {exc}") from exc
     try:
-        cls: type = getattr(module, attr)
+        return getattr(module, attr)
     except AttributeError as exc:
         raise PluginError(f"{module_name!r} has no attribute {attr!r}") from exc
-    return cls
 
 
 @dataclass(frozen=True)
@@ -61,7 +76,7 @@ class TierRecord:
     def load_check(self) -> Callable[[Mapping[str, Any]], list[Any]] | None:
         if self.check is None or callable(self.check):
             return self.check
-        return _resolve(self.check)  # type: ignore[return-value]
+        return _resolve_callable(self.check)
 
 
 @dataclass(frozen=True)
@@ -81,10 +96,19 @@ class PolicyRecord:
 @dataclass(frozen=True)
 class CommandRecord:
     """A `kvtiers` sub-command. `add_arguments` fills its argparse sub-parser;
-    `run(args)` returns the exit status. Both must import no torch at module level."""
+    `run(args)` returns the exit status. Each is a function or, better, a lazy
+    "module:function" path: the CLI resolves only the command it runs, so listing
+    commands (`kvtiers --help`) imports none of them. Neither may import torch at
+    module level."""
 
     name: str
     help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    add_arguments: str | Callable[[argparse.ArgumentParser], None]
+    run: str | Callable[[argparse.Namespace], int]
     contract_version: int
+
+    def load_add_arguments(self) -> Callable[[argparse.ArgumentParser], None]:
+        return _resolve_callable(self.add_arguments)
+
+    def load_run(self) -> Callable[[argparse.Namespace], int]:
+        return _resolve_callable(self.run)

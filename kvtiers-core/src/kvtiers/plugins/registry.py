@@ -1,5 +1,9 @@
 """Finding plugins: the core's built-ins plus every entry point in group `kvtiers`.
 
+The built-ins are plugins like any other, in `kvtiers.default_plugins`, loaded by
+module name (`DEFAULT_PLUGINS`): this module imports nothing it registers, and no
+record is resolved ("module:attr" strings) until something uses it.
+
 The loader iterates the entry points itself so that each plugin fails alone: an
 import error, an exception in a hook, a record for another contract version is
 recorded as a `PluginFailure` and reported by `kvtiers plugins`; it breaks only a
@@ -15,6 +19,7 @@ built-ins are always loaded.
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.metadata as md
 import os
 import re
@@ -24,20 +29,29 @@ from typing import Any, Generic, TypeVar
 
 import pluggy
 
+from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.errors import PluginError, UnknownNameError
 from kvtiers.plugins import hookspecs
 from kvtiers.plugins.records import CommandRecord, PolicyRecord, TierRecord
-from kvtiers.tier import CONTRACT_VERSION
 
 ENTRY_POINT_GROUP = "kvtiers"
 ENV_DISABLE = "KVTIERS_PLUGINS_DISABLE"
 ENV_ALLOW = "KVTIERS_PLUGINS_ALLOW"
 CORE_DISTRIBUTION = "kvtiers-core"
+# The core's own plugins, registered before any entry point (plugin name "builtin").
+DEFAULT_PLUGINS = (
+    "kvtiers.default_plugins.tiers",
+    "kvtiers.default_plugins.policies",
+    "kvtiers.default_plugins.commands",
+)
+BUILTIN = "builtin"
 
 R = TypeVar("R", TierRecord, PolicyRecord, CommandRecord)
 
+AnyRecord = TierRecord | PolicyRecord | CommandRecord
+
 # hook name -> (kind, record type)
-_HOOKS: dict[str, tuple[str, type]] = {
+_HOOKS: dict[str, tuple[str, type[AnyRecord]]] = {
     "kvtiers_register_tiers": ("tier", TierRecord),
     "kvtiers_register_policies": ("policy", PolicyRecord),
     "kvtiers_register_commands": ("command", CommandRecord),
@@ -76,7 +90,10 @@ class Registry:
     conflicts: dict[tuple[str, str], list[Registered[Any]]] = field(default_factory=dict)
 
     def _table(self, kind: str) -> dict[str, Registered[Any]]:
-        return {"tier": self.tiers, "policy": self.policies, "command": self.commands}[kind]
+        tables: dict[str, dict[str, Registered[Any]]] = {
+            "tier": self.tiers, "policy": self.policies, "command": self.commands,
+        }  # fmt: skip
+        return tables[kind]
 
     def get(self, kind: str, name: str) -> Registered[Any]:
         """The registration of `name`, or an error that says what to do instead."""
@@ -128,7 +145,9 @@ class Registry:
         return rows
 
 
-def _row(name: str, kind: str, reg: Registered[Any], status: str, error: str | None) -> dict[str, Any]:
+def _row(
+    name: str, kind: str, reg: Registered[Any], status: str, error: str | None
+) -> dict[str, Any]:
     rec = reg.record
     return {
         "name": name,
@@ -157,13 +176,26 @@ def unknown_name_message(
     broken = sorted({f.plugin for f in failures if f.name is None})
     if broken:
         msg += f"; plugins that failed to load: {', '.join(broken)} (see `kvtiers plugins`)"
-    if kind == "tier" and name in _KNOWN_DISTRIBUTIONS:
-        msg += f"; install {_KNOWN_DISTRIBUTIONS[name]} to use type {name!r}"
+    hint = install_hint(name) if kind == "tier" else None
+    if hint:
+        msg += f"; {hint}"
     return msg
 
 
 # Tiers we ship as separate distributions: an install hint when they are missing.
 _KNOWN_DISTRIBUTIONS = {"fs": "kvtiers-fs", "s3": "kvtiers-s3", "p2p": "kvtiers-p2p"}
+
+
+def install_hint(tier: str) -> str | None:
+    """Where the distribution of one of our own tiers comes from, or None."""
+    dist = _KNOWN_DISTRIBUTIONS.get(tier)
+    if dist is None:
+        return None
+    # Not on PyPI yet: the distributions are directories of the kvtiers repository.
+    return (
+        f"install {dist} to use type {tier!r} (not published yet: `pip install "
+        f"./{dist}` in a checkout of the kvtiers repository, after kvtiers-core)"
+    )
 
 
 def _canonical(name: str) -> str:
@@ -180,8 +212,6 @@ def load_registry(
     environ: Mapping[str, str] | None = None,
 ) -> Registry:
     """Load the built-ins and the entry points (by default, the installed ones)."""
-    from kvtiers.plugins import builtins
-
     environ = os.environ if environ is None else environ
     if entry_points is None:
         entry_points = md.entry_points(group=ENTRY_POINT_GROUP)
@@ -194,8 +224,19 @@ def load_registry(
     origin: dict[int, tuple[str, str, str]] = {}
 
     core_version = _core_version()
-    pm.register(builtins, name="builtin")
-    origin[id(builtins)] = ("builtin", CORE_DISTRIBUTION, core_version)
+    for module_name in DEFAULT_PLUGINS:
+        try:
+            builtin = importlib.import_module(module_name)
+            pm.register(builtin, name=f"{BUILTIN}:{module_name}")
+        except Exception as exc:  # noqa: BLE001 - reported like any plugin's failure
+            registry.failures.append(
+                PluginFailure(
+                    BUILTIN, CORE_DISTRIBUTION, core_version,
+                    f"{module_name}: {type(exc).__name__}: {exc}",
+                )
+            )
+            continue
+        origin[id(builtin)] = (BUILTIN, CORE_DISTRIBUTION, core_version)
 
     for ep in entry_points:
         dist = ep.dist.name if ep.dist is not None else "?"
@@ -222,9 +263,8 @@ def load_registry(
             try:
                 records = list(impl.function() or [])
             except Exception as exc:  # noqa: BLE001
-                registry.failures.append(
-                    PluginFailure(plugin, dist, version, f"{hook_name} raised {type(exc).__name__}: {exc}")
-                )
+                reason = f"{hook_name} raised {type(exc).__name__}: {exc}"
+                registry.failures.append(PluginFailure(plugin, dist, version, reason))
                 continue
             for rec in records:
                 _add(registry, kind, record_type, rec, plugin, dist, version)
@@ -232,7 +272,13 @@ def load_registry(
 
 
 def _add(
-    registry: Registry, kind: str, record_type: type, rec: Any, plugin: str, dist: str, version: str
+    registry: Registry,
+    kind: str,
+    record_type: type[AnyRecord],
+    rec: object,
+    plugin: str,
+    dist: str,
+    version: str,
 ) -> None:
     if not isinstance(rec, record_type):
         registry.failures.append(
@@ -246,14 +292,12 @@ def _add(
     if rec.contract_version != CONTRACT_VERSION:
         registry.failures.append(
             PluginFailure(
-                plugin, dist, version,
-                f"written for contract version {rec.contract_version}; this kvtiers-core "
-                f"implements version {CONTRACT_VERSION}",
-                kind, rec.name,
+                plugin, dist, version, contract_mismatch(rec.contract_version, dist), kind,
+                rec.name,
             )
         )
         return
-    reg = Registered(rec, plugin, dist, version)
+    reg: Registered[Any] = Registered(rec, plugin, dist, version)
     table = registry._table(kind)
     key = (kind, rec.name)
     held = table.get(rec.name)
@@ -276,6 +320,22 @@ def _add(
         registry.conflicts[key] = [table.pop(rec.name), reg]
     else:
         table[rec.name] = reg
+
+
+def contract_mismatch(written_for: object, dist: str) -> str:
+    """Why a record for another contract version is refused, and what to do."""
+    core = f"this kvtiers-core ({_core_version()})"
+    if isinstance(written_for, int) and written_for > CONTRACT_VERSION:
+        return (
+            f"written for contract version {written_for}, but {core} implements version "
+            f"{CONTRACT_VERSION}: upgrade kvtiers-core, or install a release of {dist} "
+            f"written for contract version {CONTRACT_VERSION}"
+        )
+    return (
+        f"written for contract version {written_for}, but {core} needs version "
+        f"{CONTRACT_VERSION}: upgrade {dist} to a release written for contract version "
+        f"{CONTRACT_VERSION}"
+    )
 
 
 def _core_version() -> str:

@@ -1,6 +1,6 @@
 """Eviction policies. Each one is a small class behind `EvictionPolicy`, registered
 by name through the plugin registry (the core's built-ins are registered in
-`kvtiers.plugins.builtins`)."""
+`kvtiers.default_plugins.policies`)."""
 
 from kvtiers.policies.arc import ARCPolicy
 from kvtiers.policies.base import EvictionPolicy

@@ -39,7 +39,7 @@ class SlotLRUPolicy(EvictionPolicy):
         self._pinned = bytearray(capacity)
         self._index: dict[Hashable, int] = {}
         # Bound once: the manager calls `get` for every block it looks up.
-        self.get = self._index.get  # type: ignore[method-assign]
+        self.get = self._index.get  # type: ignore[method-assign, assignment]
         self._inserts = 0
         self.pinned_count = 0
 

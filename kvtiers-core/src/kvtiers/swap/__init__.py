@@ -2,8 +2,9 @@
 GPU KV cache and the CPU pool, converting between the engine's layout (`KVLayout`)
 and the canonical slot order of DESIGN.md.
 
-Importing this package imports torch (it runs in the GPU worker); `import kvtiers`
-does not import it.
+It runs in the GPU worker and needs torch (the extra `kvtiers-core[torch]`), but
+importing this package does not import it: building a `DeviceSwapper` or a `KVLayout`
+does, and raises `kvtiers.errors.MissingExtraError`, naming the extra, without it.
 """
 
 from kvtiers.swap.job import SwapResult, SwapStats

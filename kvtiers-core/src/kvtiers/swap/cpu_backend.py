@@ -28,15 +28,27 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from kvtiers.swap.job import Job
+from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.plan import LOAD, STORE, Runs, make_runs, split_runs
 
+
+class _Native(Protocol):
+    """What `kvtiers.swap._memcpy` offers (its stub types it)."""
+
+    def copy_batch(
+        self, dst: np.ndarray, src: np.ndarray, length: np.ndarray, threads: int = 1, /
+    ) -> None: ...
+
+
+_memcpy: _Native | None
 try:  # optional: built from setup.py where there is a C compiler
     from kvtiers.swap import _memcpy
 except ImportError:  # pragma: no cover - depends on the install
@@ -57,6 +69,10 @@ SPLIT_BYTES = 1024 * 1024
 SPLIT_MIN_ROW = 128 * 1024
 SPLIT_SHARE_BYTES = 1024 * 1024
 
+_RowCopy = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""One region's share of a thread's copy: source rows, their indices, destination
+rows, their indices."""
+
 
 class CpuBackend:
     """Runs jobs on two threads (store, load). `submit` never blocks on a copy."""
@@ -66,7 +82,7 @@ class CpuBackend:
 
     def __init__(
         self,
-        groups: list[tuple[object, torch.Tensor]],
+        groups: Sequence[tuple[KVLayout, torch.Tensor]],
         rank: int,
         chunk_bytes: int,
         threads: int | None = None,
@@ -80,7 +96,11 @@ class CpuBackend:
         self._helpers = ThreadPoolExecutor(n - 1, "kvtiers-swap-copy") if n > 1 else None
         self._finished: deque[Job] = deque()
         self._cond = threading.Condition()
-        self._queues = {STORE: queue.SimpleQueue(), LOAD: queue.SimpleQueue()}
+        # A None in a queue stops its thread.
+        self._queues: dict[str, queue.SimpleQueue[Job | None]] = {
+            STORE: queue.SimpleQueue(),
+            LOAD: queue.SimpleQueue(),
+        }
         self._threads = {
             d: threading.Thread(target=self._run, args=(d,), name=f"kvtiers-swap-{d}", daemon=True)
             for d in (STORE, LOAD)
@@ -164,11 +184,12 @@ def copy_runs(
     least `SPLIT_BYTES` are shared with the `helpers` threads, each thread taking an
     equal share of every region's rows and of `temp`. With the native helper, the
     whole job is one `copy_batch` call and `temp` is not used."""
-    if _memcpy is not None:
+    native = _memcpy
+    if native is not None:
         threads = 1
         if helpers is not None and runs.nbytes >= SPLIT_BYTES:
             threads = min(2, helpers._max_workers + 1)
-        _copy_native(regions, buffer, runs, to_buffer, threads)
+        _copy_native(native, regions, buffer, runs, to_buffer, threads)
         return
     lengths = runs.length
     word = math.gcd(
@@ -183,7 +204,9 @@ def copy_runs(
     row_words = row // word
     buf_words = _words(buffer, word, dtype)
     parts = 1 if helpers is None else helpers._max_workers + 1
-    if parts > 1 and (pieces.nbytes < SPLIT_BYTES or row < SPLIT_MIN_ROW or len(temp) < parts * row):
+    if parts > 1 and (
+        pieces.nbytes < SPLIT_BYTES or row < SPLIT_MIN_ROW or len(temp) < parts * row
+    ):
         parts = 1
     if len(temp) < row:  # a buffer smaller than one row still moves one row at a time
         temp = np.empty(row, np.uint8)
@@ -192,7 +215,7 @@ def copy_runs(
     temps = [
         temp[k * share : (k + 1) * share].view(dtype).reshape(-1, row_words) for k in range(parts)
     ]
-    work: list[list[tuple]] = [[] for _ in range(parts)]  # per thread: (src, idx, dst, idx)
+    work: list[list[_RowCopy]] = [[] for _ in range(parts)]  # per thread
     for rid in _unique(pieces.region):
         sel = pieces.region == rid if len(regions) > 1 else slice(None)
         eng_off = pieces.engine[sel] // word
@@ -208,7 +231,11 @@ def copy_runs(
             lo, hi = cuts[k], cuts[k + 1]
             if hi > lo:
                 work[k].append((src, src_idx[lo:hi], dst, dst_idx[lo:hi]))
-    futures = [helpers.submit(_copy_rows, work[k], temps[k]) for k in range(1, parts)]
+    futures = (
+        [helpers.submit(_copy_rows, work[k], temps[k]) for k in range(1, parts)]
+        if helpers is not None  # parts > 1 only with helpers
+        else []
+    )
     try:
         _copy_rows(work[0], temps[0])
     finally:  # `temp` is reused by the next job: the helpers must be done with it
@@ -217,7 +244,12 @@ def copy_runs(
 
 
 def _copy_native(
-    regions: list[torch.Tensor], buffer: torch.Tensor, runs: Runs, to_buffer: bool, threads: int
+    native: _Native,
+    regions: list[torch.Tensor],
+    buffer: torch.Tensor,
+    runs: Runs,
+    to_buffer: bool,
+    threads: int,
 ) -> None:
     """One `copy_batch` call for the whole job, on absolute addresses. The planner
     validated pages and slots; the bounds are checked again here (vectorised), so that
@@ -242,10 +274,10 @@ def _copy_native(
     eng = bases[region] + engine
     buf = offset + buffer.data_ptr()
     dst, src = (buf, eng) if to_buffer else (eng, buf)
-    _memcpy.copy_batch(dst, src, length, threads)
+    native.copy_batch(dst, src, length, threads)
 
 
-def _copy_rows(work: list[tuple], temp: np.ndarray) -> None:
+def _copy_rows(work: list[_RowCopy], temp: np.ndarray) -> None:
     for src, src_idx, dst, dst_idx in work:  # one item per region
         _gather_scatter(src, src_idx, dst, dst_idx, temp)
 
@@ -253,7 +285,8 @@ def _copy_rows(work: list[tuple], temp: np.ndarray) -> None:
 def _unique(values: np.ndarray) -> Iterable[int]:
     if len(values) and values.min() == values.max():
         return [int(values[0])]
-    return np.unique(values).tolist()
+    distinct: list[int] = np.unique(values).tolist()
+    return distinct
 
 
 def _words(flat_u8: torch.Tensor, word: int, dtype: type) -> np.ndarray:

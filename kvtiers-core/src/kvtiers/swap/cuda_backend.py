@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CudaBackend", "CudaOptions"]
 
+_Table = tuple[torch.Tensor, int]
+"""A pinned, mapped host buffer a copy kernel reads its table from, and its device
+address (see `_HostTables`)."""
+
 
 @dataclass
 class CudaOptions:
@@ -124,7 +128,9 @@ class CudaBackend:
             )
         self._policy.restrict(self.available)
         self._streams = {
-            d: torch.cuda.Stream(device, priority=options.stream_priority) for d in (STORE, LOAD)
+            # torch's stubs leave Stream.__new__ untyped
+            d: torch.cuda.Stream(device, priority=options.stream_priority)  # type: ignore[no-untyped-call]
+            for d in (STORE, LOAD)
         }
         self._staging: dict[str, torch.Tensor] = {}
         if STAGED in self.available and options.staging_bytes > 0:
@@ -156,10 +162,11 @@ class CudaBackend:
         g = self._groups[job.group]
         stream = self._streams[job.direction]
         check = job.check
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        # torch's stubs leave Event.__new__ untyped
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         keep: list[object] = []
-        tables: list[tuple[torch.Tensor, int]] = []
+        tables: list[_Table] = []
         compute = torch.cuda.current_stream(self.device)
         try:
             self._driver.ensure_context()
@@ -228,7 +235,12 @@ class CudaBackend:
     # ---------------------------------------------------------------- methods
 
     def _dma(
-        self, g: _Group, runs: Runs, direction: str, stream: torch.cuda.Stream, keep: list
+        self,
+        g: _Group,
+        runs: Runs,
+        direction: str,
+        stream: torch.cuda.Stream,
+        keep: list[object],
     ) -> None:
         engine = (g.regions[runs.region] + runs.engine).astype(np.uint64)
         host = (g.host_base + runs.buffer).astype(np.uint64)
@@ -240,7 +252,9 @@ class CudaBackend:
             dst, src, sizes, stream.cuda_stream, to_host=to_host, flags=self._opt.dma_flags
         )
 
-    def _kernel(self, g: _Group, runs: Runs, direction: str, keep: list, tables: list) -> None:
+    def _kernel(
+        self, g: _Group, runs: Runs, direction: str, keep: list[object], tables: list[_Table]
+    ) -> None:
         assert g.mapped_base is not None
         pieces = split_runs(runs, PIECE_BYTES)
         engine = g.regions[pieces.region] + pieces.engine
@@ -256,8 +270,8 @@ class CudaBackend:
         pool_offsets: np.ndarray,
         direction: str,
         stream: torch.cuda.Stream,
-        keep: list,
-        tables: list,
+        keep: list[object],
+        tables: list[_Table],
     ) -> None:
         staging = self._staging[direction]
         base = staging.data_ptr()
@@ -300,7 +314,13 @@ class CudaBackend:
                 self._launch(make_table(staged, engine, frag.length), grid, keep, tables)
 
     def _launch(
-        self, table: np.ndarray, grid: int, keep: list, tables: list, *, small_grid: bool = False
+        self,
+        table: np.ndarray,
+        grid: int,
+        keep: list[object],
+        tables: list[_Table],
+        *,
+        small_grid: bool = False,
     ) -> None:
         from kvtiers.swap.triton_copy import launch_copy  # Triton: only when used
 
@@ -344,9 +364,9 @@ class _HostTables:
 
     def __init__(self, driver: CudaDriver) -> None:
         self._driver = driver
-        self._free: list[tuple[torch.Tensor, int]] = []
+        self._free: list[_Table] = []
 
-    def take(self, n: int) -> tuple[torch.Tensor, int]:
+    def take(self, n: int) -> _Table:
         """A buffer of at least `n` int64 and its device address."""
         for i, (t, _) in enumerate(self._free):
             if t.numel() >= n:
@@ -358,7 +378,7 @@ class _HostTables:
             raise RuntimeError("pinned memory is not mapped into the device's address space")
         return t, address
 
-    def give(self, buffers: list[tuple[torch.Tensor, int]]) -> None:
+    def give(self, buffers: list[_Table]) -> None:
         self._free.extend(buffers)
         if len(self._free) > 64:  # a bounded cache: keep the largest
             self._free.sort(key=lambda b: b[0].numel())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class CudaDriver:
         self._batch = self._lookup_batch()
         self.batch_available = self._batch is not None
 
-    def _lookup_batch(self) -> _BATCH_FN | None:
+    def _lookup_batch(self) -> Callable[..., int] | None:
         pfn = ctypes.c_void_p()
         status = ctypes.c_int()
         try:

@@ -96,6 +96,8 @@ class Job:
         check = self.check
         names: Sequence[Any] = self.keys if self.keys is not None else range(check.n_blocks)
         valid = check.valid
+        ok_idx: Sequence[int]
+        bad_idx: Sequence[int]
         if self.closed:
             reason, ok_idx, bad_idx = FailureReason.CLOSED, [], range(check.n_blocks)
         elif self.error:

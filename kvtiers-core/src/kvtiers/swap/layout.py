@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvtiers.extras import missing_torch
 from kvtiers.namespace import DTYPE_BYTES, BlockGeometry
 
 if TYPE_CHECKING:
@@ -74,13 +75,16 @@ class KVLayout:
 
     def __init__(
         self,
-        tensors: Sequence[torch.Tensor] | Sequence[tuple[torch.Tensor, torch.Tensor]],
+        tensors: Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
         order: str,
         *,
         pages_per_block: int = 1,
         tp_size: int = 1,
     ):
-        import torch
+        try:
+            import torch
+        except ImportError as exc:
+            raise missing_torch("KVLayout", exc) from exc
 
         if not isinstance(pages_per_block, int) or pages_per_block < 1:
             raise ValueError(f"pages_per_block must be a positive integer, got {pages_per_block!r}")
@@ -94,13 +98,13 @@ class KVLayout:
                 f"order {order!r}: the last three axes must be T H D (tokens, kv heads, "
                 f"head dim), contiguous; layouts with heads before tokens are not supported"
             )
-        tensors = list(tensors)
-        if not tensors:
+        given: list[torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = list(tensors)
+        if not given:
             raise ValueError("need at least one KV tensor")
-        paired = isinstance(tensors[0], (tuple, list))
+        paired = isinstance(given[0], (tuple, list))
         # Flatten to one list of (tensor, layer index, kv index or None).
         items: list[tuple[torch.Tensor, int, int | None]] = []
-        for i, item in enumerate(tensors):
+        for i, item in enumerate(given):
             if paired:
                 if not isinstance(item, (tuple, list)) or len(item) != 2:
                     raise ValueError(f"tensors[{i}]: expected a (K, V) pair")
@@ -113,7 +117,7 @@ class KVLayout:
             raise ValueError(f"order {order!r}: K and V come as separate tensors, drop 'K'")
         if not paired and "K" not in order:
             raise ValueError(f"order {order!r} has no K axis: pass (K, V) pairs per layer")
-        if "L" in order and len(tensors) != 1:
+        if "L" in order and len(given) != 1:
             raise ValueError(f"order {order!r} has an L axis: pass exactly one tensor")
         if "P" not in order:
             raise ValueError(f"order {order!r} has no P (pages) axis")
@@ -140,7 +144,7 @@ class KVLayout:
         self.kv_heads = dims["H"]
         self.head_size = dims["D"]
         self.num_pages = dims["P"]
-        self.num_layers = dims.get("L", len(tensors))
+        self.num_layers = dims.get("L", len(given))
         self.pages_per_block = pages_per_block
         self.tp_size = tp_size
         self.order = order
@@ -200,7 +204,7 @@ class KVLayout:
     @classmethod
     def per_layer(
         cls,
-        kv_caches: Sequence[torch.Tensor] | Sequence[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
         *,
         kv_first: bool = True,
         pages_per_block: int = 1,
@@ -209,7 +213,7 @@ class KVLayout:
         """One tensor per layer, `[2, num_pages, page_tokens, kv_heads, head_size]`
         (`kv_first`, FlashAttention's) or `[num_pages, 2, ...]` (FlashInfer's); or one
         `(K, V)` pair per layer, each `[num_pages, page_tokens, kv_heads, head_size]`."""
-        caches = list(kv_caches)
+        caches: list[torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = list(kv_caches)
         if caches and isinstance(caches[0], (tuple, list)):
             order = "PTHD"
         else:
@@ -234,7 +238,7 @@ class KVLayout:
     @classmethod
     def from_tensors(
         cls,
-        tensors: Sequence[torch.Tensor] | Sequence[tuple[torch.Tensor, torch.Tensor]],
+        tensors: Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
         order: str,
         *,
         pages_per_block: int = 1,

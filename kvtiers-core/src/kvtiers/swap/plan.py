@@ -97,7 +97,7 @@ def check_blocks(
         dup = _duplicated(slots_arr)
     else:
         flat_dup = _duplicated(pages_arr.reshape(-1)).reshape(b, n)
-        dup = flat_dup.any(axis=1)
+        dup = np.asarray(flat_dup.any(axis=1))  # an array (numpy's stubs say maybe a bool)
     valid = ~(bad_page | bad_slot | dup)
     problem = ""
     if not valid.all():

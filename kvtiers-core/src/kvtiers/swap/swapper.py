@@ -5,6 +5,9 @@ Who calls what: the engine's worker (one swapper per GPU, one thread) submits st
 jobs (GPU pages -> pool slots) and load jobs (slots -> GPU pages) and polls
 `get_finished()` once per step; nothing it calls waits for a copy, except `wait()`
 and `close()`. Each job reports exactly once, as a `SwapResult` (a `JobResult`).
+
+This module imports torch only when a swapper is built: without it, constructing one
+raises `MissingExtraError` naming the extra (`kvtiers-core[torch]`).
 """
 
 from __future__ import annotations
@@ -12,10 +15,9 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from kvtiers.extras import missing_torch
 from kvtiers.swap.job import Job, SwapResult, SwapStats
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.methods import (
@@ -26,6 +28,9 @@ from kvtiers.swap.methods import (
     MethodPolicy,
 )
 from kvtiers.swap.plan import LOAD, STORE, BlockCheck, check_blocks
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,11 @@ class DeviceSwapper:
         wait_for_compute: bool = True,
         cpu_chunk_bytes: int | None = None,
     ):
+        try:
+            import torch
+        except ImportError as exc:
+            raise missing_torch("DeviceSwapper", exc) from exc
+
         layouts = [layout] if isinstance(layout, KVLayout) else list(layout)
         pools = pool_tensor if isinstance(pool_tensor, (list, tuple)) else [pool_tensor]
         pools = [
@@ -248,6 +258,8 @@ class DeviceSwapper:
 
 
 def _check_group(i: int, layout: KVLayout, pool: Any, rank: int, device: torch.device) -> None:
+    import torch  # imported by the caller already
+
     if not isinstance(pool, torch.Tensor) or pool.dtype != torch.uint8 or pool.dim() != 2:
         raise TypeError(f"group {i}: the pool must be a uint8 tensor [num_slots, slot_bytes]")
     if pool.device.type != "cpu":

@@ -27,8 +27,10 @@ import triton.language as tl
 __all__ = ["launch_copy"]
 
 
-@triton.jit
-def _copy_pieces(table_address, n, WORDS: tl.constexpr):
+# Triton ships no types, and specialises a kernel on its parameters' annotations: they
+# stay as Triton expects (none, or tl.constexpr), hence the two ignores.
+@triton.jit  # type: ignore[untyped-decorator]
+def _copy_pieces(table_address, n, WORDS: tl.constexpr):  # type: ignore[no-untyped-def]
     # The table, int64 [3, n] = source addresses, destination addresses, lengths in
     # words, in device memory or in mapped pinned host memory (see launch_copy).
     table = table_address.to(tl.pointer_type(tl.int64))

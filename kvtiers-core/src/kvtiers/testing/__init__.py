@@ -20,12 +20,24 @@ collects the whole suite for your tier::
         # only if MyTier.shared: a second instance on the same store
         def sibling(self, tier, ctx): ...
 
+        # optional, verifying tiers: cut the stored copy short (else skipped)
+        def truncate(self, tier, key): ...
+
 Capability tests run when the tier *instance* sets the flag (`persistent`,
 `verifies`, `shared`) and are skipped, with the reason, when it does not; a flag
 set without its hook fails. Class settings: `block_bytes`, `num_slots`,
 `capacity_blocks`, `timeout_s` (a real-time bound per job and lookup, so a tier that
-never reports a job fails instead of hanging). The suite sleeps for nothing: every
-context runs on a `ManualClock`, and deadlines are tested by advancing it.
+never reports a job fails instead of hanging), `concurrent_jobs` (set True when the
+tier runs a store while a load is in flight: unlocks the test that holds a load
+while another job must finish), `gated_pool` (False if the tier reaches slot bytes
+other than through `PoolView.block()`), `eviction_order` ("lru" by default: None
+when the tier's default policy is not LRU). A `make_tier` that takes an
+`eviction_policy` keyword gets "lru" from the eviction-order tests.
+
+The suite sleeps for nothing: every context runs on a `ManualClock`, deadlines are
+tested by advancing it, and a `GatedPool` holds a tier's I/O mid-job (a thread
+inside `PoolView.block()` waits at a gate the test opens) so a test can look at
+the tier while a store copies or a load has not written its slot yet.
 
 The helpers the suite is built from are public too, for a tier's own tests. For
 pytest's detailed assertion messages inside the suite, put
@@ -37,9 +49,12 @@ from kvtiers.clock import ManualClock
 from kvtiers.testing._base import TierSuiteBase
 from kvtiers.testing._capability_tests import CapabilityTests
 from kvtiers.testing._core_tests import CoreTests
+from kvtiers.testing._eviction_tests import EvictionTests
+from kvtiers.testing._gate import DEFAULT_HOLD_S, Gate, GatedPool
 from kvtiers.testing._helpers import (
     DEFAULT_TIMEOUT_S,
     JobTracker,
+    check_blocks,
     check_result,
     expected_pool,
     fill_slots,
@@ -48,30 +63,39 @@ from kvtiers.testing._helpers import (
     poison_slots,
     random_bytes,
     random_keys,
+    resident,
     resolve_lookup,
     run_job,
     snapshot,
     wait_until,
 )
+from kvtiers.testing._inflight_tests import InFlightTests
 
 
-class TierConformance(CoreTests, CapabilityTests):
+class TierConformance(CoreTests, EvictionTests, InFlightTests, CapabilityTests):
     """Subclass as `class TestMyTier(TierConformance)` and implement make_tier.
 
-    Hooks: `make_tier(ctx, capacity_bytes)` (required), `restart(tier, ctx)`
-    (persistent tiers), `corrupt(tier, key)` (verifying tiers), `sibling(tier, ctx)`
-    (shared tiers). See `TierSuiteBase` for each hook's contract.
+    Hooks: `make_tier(ctx, capacity_bytes[, eviction_policy])` (required),
+    `restart(tier, ctx)` (persistent tiers), `corrupt(tier, key)` (verifying
+    tiers), `sibling(tier, ctx)` (shared tiers), `truncate(tier, key)` (optional).
+    See `TierSuiteBase` for each hook's contract and the class settings.
     """
 
 
 __all__ = [
+    "DEFAULT_HOLD_S",
     "DEFAULT_TIMEOUT_S",
     "CapabilityTests",
     "CoreTests",
+    "EvictionTests",
+    "Gate",
+    "GatedPool",
+    "InFlightTests",
     "JobTracker",
     "ManualClock",
     "TierConformance",
     "TierSuiteBase",
+    "check_blocks",
     "check_result",
     "expected_pool",
     "fill_slots",
@@ -80,6 +104,7 @@ __all__ = [
     "poison_slots",
     "random_bytes",
     "random_keys",
+    "resident",
     "resolve_lookup",
     "run_job",
     "snapshot",

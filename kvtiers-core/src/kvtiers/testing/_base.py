@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -10,8 +11,12 @@ import pytest
 
 from kvtiers.keys import BlockKey
 from kvtiers.namespace import Namespace
+from kvtiers.testing._gate import GatedPool
 from kvtiers.testing._helpers import DEFAULT_TIMEOUT_S, JobTracker, make_context
 from kvtiers.tier import SecondaryTier, TierContext
+
+#: The policy the eviction-order tests ask for when `make_tier` takes one.
+ORDER_POLICY = "lru"
 
 
 class TierSuiteBase:
@@ -29,6 +34,21 @@ class TierSuiteBase:
     capacity_blocks: ClassVar[int] = 256
     #: real seconds a job or lookup may take before the tier is called stuck
     timeout_s: ClassVar[float] = DEFAULT_TIMEOUT_S
+    #: the tier runs a store while a load is in flight (two or more I/O threads that
+    #: take either kind, or asynchronous I/O). Tests that hold a load mid-copy and
+    #: need another job to finish meanwhile run only then (else they would wait
+    #: for a thread the held load occupies); a serial tier leaves it False.
+    concurrent_jobs: ClassVar[bool] = False
+    #: the tier reaches slot bytes through `PoolView.block()` on its own threads, so
+    #: a `GatedPool` can hold its I/O mid-job. False (a native copy from
+    #: `pool.address`) skips the tests that need that.
+    gated_pool: ClassVar[bool] = True
+    #: what the tier's default eviction policy guarantees: "lru" (the least recently
+    #: stored, loaded or touched block goes first: what the suite assumes), or None
+    #: (unknown: eviction-order tests check only what every bounded policy does).
+    #: Not consulted when `make_tier` takes an `eviction_policy` keyword: the
+    #: order tests then pass `eviction_policy="lru"` and the other tests pass none.
+    eviction_order: ClassVar[str | None] = "lru"
 
     tmp_path: Path
 
@@ -37,7 +57,12 @@ class TierSuiteBase:
     def make_tier(self, ctx: TierContext, capacity_bytes: int) -> SecondaryTier:
         """A new tier over `ctx`, bounded by `capacity_bytes`. Every call within one
         test must address the same storage (e.g. under `self.tmp_path`), so that the
-        namespace test opens a second tier where the first one stored."""
+        namespace test opens a second tier where the first one stored.
+
+        A tier whose eviction policy is configurable may take a keyword
+        `eviction_policy: str` (a registered policy name, with a default of its
+        own): the eviction-order tests then ask for "lru" and assert LRU order,
+        whatever policy the other tests run under."""
         raise NotImplementedError(f"{type(self).__name__} must implement make_tier")
 
     def restart(self, tier: SecondaryTier, ctx: TierContext) -> SecondaryTier:
@@ -55,6 +80,12 @@ class TierSuiteBase:
         open it, with `ctx` (its own pool, the same namespace)."""
         raise NotImplementedError
 
+    def truncate(self, tier: SecondaryTier, key: BlockKey) -> None:
+        """Verifying tiers, optional (its test is skipped without it): cut the stored
+        copy of `key` short, behind the tier's back, as a torn write or a short
+        read would leave it (keep the first half of the block's bytes)."""
+        raise NotImplementedError
+
     # Per-test plumbing.
 
     @pytest.fixture(autouse=True)
@@ -68,12 +99,22 @@ class TierSuiteBase:
         suite test outside pytest's collection)."""
         self.tmp_path = tmp_path
         self._opened: list[SecondaryTier] = []
+        self._trackers: list[JobTracker] = []
+        self._gated: list[GatedPool] = []
 
     def teardown_conformance(self) -> None:
-        """Close every tier the test built, newest first. `close` must not raise."""
+        """Open every gate, close every tier the test built (newest first; `close`
+        must not raise), then poll each tracker once more: a job reported again
+        after the test saw its result, at close or later, fails the test here."""
+        gated, self._gated = self._gated, []
+        for pool in gated:
+            pool.release_all()
         opened, self._opened = self._opened, []
         for tier in reversed(opened):
             tier.close()
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.poll(others=True)
 
     def adopt(self, tier: SecondaryTier) -> SecondaryTier:
         """Close `tier` at the end of the test."""
@@ -84,25 +125,85 @@ class TierSuiteBase:
         """A context over a fresh pool of `num_slots` slots, with a `ManualClock`."""
         return make_context(self.block_bytes, self.num_slots, namespace=namespace)
 
+    def new_gated_context(
+        self, namespace: Namespace | None = None
+    ) -> tuple[TierContext, GatedPool]:
+        """`new_context` over a `GatedPool` (its gates are opened at the end of the
+        test); skips the test when the class sets `gated_pool = False`."""
+        if not self.gated_pool:
+            pytest.skip(f"{type(self).__name__} sets gated_pool = False")
+        pool = GatedPool(self.num_slots, self.block_bytes, hold_s=self.timeout_s)
+        self._gated.append(pool)
+        ctx = make_context(self.block_bytes, self.num_slots, namespace=namespace, pool=pool)
+        return ctx, pool
+
     def new_tier(
-        self, ctx: TierContext | None = None, capacity_bytes: int | None = None
+        self,
+        ctx: TierContext | None = None,
+        capacity_bytes: int | None = None,
+        *,
+        lru: bool = False,
     ) -> SecondaryTier:
-        """`make_tier`, closed at the end of the test."""
+        """`make_tier`, closed at the end of the test. With `lru`, ask for the LRU
+        policy when `make_tier` takes an `eviction_policy` keyword."""
         if ctx is None:
             ctx = self.new_context()
         if capacity_bytes is None:
             capacity_bytes = self.capacity_blocks * self.block_bytes
-        tier = self.make_tier(ctx, capacity_bytes)
+        if lru and self.takes_policy():
+            make: Any = self.make_tier
+            tier = make(ctx, capacity_bytes, eviction_policy=ORDER_POLICY)
+        else:
+            tier = self.make_tier(ctx, capacity_bytes)
         assert isinstance(tier, SecondaryTier), f"make_tier returned {tier!r}"
         return self.adopt(tier)
 
+    def takes_policy(self) -> bool:
+        """`make_tier` takes an `eviction_policy` keyword."""
+        params = inspect.signature(self.make_tier).parameters.values()
+        return any(
+            (p.name == "eviction_policy" and p.kind is not p.POSITIONAL_ONLY)
+            or p.kind is p.VAR_KEYWORD
+            for p in params
+        )
+
+    def order_known(self) -> bool:
+        """Tiers built with `new_tier(lru=True)` evict least recently used first."""
+        return self.takes_policy() or self.eviction_order == ORDER_POLICY
+
+    def require_order(self) -> None:
+        """Skip the test unless the eviction order of `new_tier(lru=True)` is known."""
+        if not self.order_known():
+            pytest.skip(
+                f"{type(self).__name__}: eviction_order is {self.eviction_order!r} and "
+                "make_tier takes no eviction_policy: the eviction order is unknown"
+            )
+
+    def require_concurrency(self) -> None:
+        """Skip the test unless the class sets `concurrent_jobs`."""
+        if not self.concurrent_jobs:
+            pytest.skip(
+                f"{type(self).__name__} does not set concurrent_jobs = True (a store "
+                "finishing while a load is held needs a second I/O thread)"
+            )
+
     def new_tracker(self, tier: SecondaryTier) -> JobTracker:
-        return JobTracker(tier, self.timeout_s)
+        """A `JobTracker` for `tier`, polled once more at the end of the test."""
+        tracker = JobTracker(tier, self.timeout_s)
+        self._trackers.append(tracker)
+        return tracker
 
     def require(self, tier: SecondaryTier, flag: str) -> None:
         """Skip the test unless the tier instance sets capability `flag`."""
         if not getattr(tier, flag):
             pytest.skip(f"{type(tier).__name__} is not {flag}")
+
+    def call_optional_hook(self, hook: str, tier: SecondaryTier, *args: Any) -> Any:
+        """Call a hook no capability promises (`truncate`); skip if not implemented."""
+        try:
+            return getattr(self, hook)(tier, *args)
+        except NotImplementedError:
+            pytest.skip(f"{type(self).__name__} does not implement {hook}()")
 
     def call_hook(self, hook: str, tier: SecondaryTier, *args: Any) -> Any:
         """Call `restart`/`corrupt`/`sibling`; a capability flag without its hook is a

@@ -104,9 +104,10 @@ class CapabilityTests(TierSuiteBase):
             assert bytes(ctx2.pool.block(i)) == data[i]
 
     def test_persistent_recency_survives_restart(self) -> None:
+        self.require_order()
         ctx = self.new_context()
         bound = 4
-        tier = self.new_tier(ctx, capacity_bytes=bound * self.block_bytes)
+        tier = self.new_tier(ctx, capacity_bytes=bound * self.block_bytes, lru=True)
         self.require(tier, "persistent")
         jobs = self.new_tracker(tier)
         keys = random_keys(bound + 1)
@@ -155,6 +156,25 @@ class CapabilityTests(TierSuiteBase):
         again = jobs.run_load(damaged, [8, 10])
         assert set(again.failed.values()) == {FailureReason.MISSING}, again
         assert tier.stats().errors.get(FailureReason.CORRUPT.value, 0) >= 2
+
+    def test_truncated_copy_fails_load_then_misses(self) -> None:
+        """A copy cut short (a torn write, a short read) is never served: the load
+        fails `corrupt` for that key, whatever the slot holds, and the copy goes."""
+        ctx = self.new_context()
+        tier = self.new_tier(ctx)
+        self.require(tier, "verifies")
+        jobs = self.new_tracker(tier)
+        keys = random_keys(3)
+        data = fill_slots(ctx.pool, range(3))
+        assert jobs.run_store(keys, range(3)).success
+        self.call_optional_hook("truncate", tier, keys[1])
+        poison_slots(ctx.pool, range(8, 11))
+        result = jobs.run_load(keys, range(8, 11))
+        assert result.failed == {keys[1]: FailureReason.CORRUPT}, (
+            f"a load of a copy cut short must fail corrupt, alone: {result}")
+        for i in (0, 2):
+            assert bytes(ctx.pool.block(8 + i)) == data[i]
+        assert self._lookups(tier, [keys[1]]) == [LookupResult.MISS], "kept a bad copy"
 
     # shared
 

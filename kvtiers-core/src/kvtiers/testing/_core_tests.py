@@ -5,14 +5,20 @@ from __future__ import annotations
 import json
 import random
 
+from kvtiers.clock import ManualClock
 from kvtiers.jobs import FailureReason
+from kvtiers.keys import MAX_GROUP, make_key
 from kvtiers.lookup import LookupResult
+from kvtiers.stats import TierStats
 from kvtiers.testing._base import TierSuiteBase
 from kvtiers.testing._helpers import (
+    check_blocks,
     expected_pool,
     fill_slots,
     poison_slots,
+    random_bytes,
     random_keys,
+    resident,
     resolve_lookup,
     snapshot,
 )
@@ -90,41 +96,6 @@ class CoreTests(TierSuiteBase):
         assert bytes(ctx.pool.block(12)) == data[1]
         assert bytes(ctx.pool.block(11)) == untouched, "the slot of a missing key was written"
 
-    def test_store_larger_than_capacity_fails_full(self) -> None:
-        ctx = self.new_context()
-        tier = self.new_tier(ctx, capacity_bytes=self.block_bytes // 2)
-        key = random_keys(1)[0]
-        fill_slots(ctx.pool, [0])
-        result = self.new_tracker(tier).run_store([key], [0])
-        assert result.failed == {key: FailureReason.FULL}
-        assert resolve_lookup(tier, key, self.timeout_s) is LookupResult.MISS
-        stats = tier.stats()
-        assert stats.usage_bytes <= (stats.capacity_bytes or 0) <= self.block_bytes // 2
-
-    def test_capacity_bound_evicts_oldest(self) -> None:
-        ctx = self.new_context()
-        bound = 8
-        tier = self.new_tier(ctx, capacity_bytes=bound * self.block_bytes)
-        jobs = self.new_tracker(tier)
-        keys = random_keys(3 * bound)
-        data = {}
-        for key in keys:  # one by one: the order of stores is the order of age
-            data[key] = fill_slots(ctx.pool, [0])[0]
-            result = jobs.run_store([key], [0])
-            assert result.success, f"a full tier must evict to store: {result.failed}"
-        stats = tier.stats()
-        assert stats.capacity_bytes is not None, "stats must report the capacity bound"
-        assert 0 < stats.capacity_bytes <= bound * self.block_bytes
-        assert 0 < stats.usage_bytes <= stats.capacity_bytes
-        assert stats.evictions >= len(keys) - bound
-        hits = [resolve_lookup(tier, k, self.timeout_s) is LookupResult.HIT for k in keys]
-        assert not hits[0], "the oldest block survived overfilling"
-        assert hits[-1], "the newest block was evicted"
-        assert 1 <= sum(hits) <= bound
-        poison_slots(ctx.pool, [1])
-        assert jobs.run_load([keys[-1]], [1]).success
-        assert bytes(ctx.pool.block(1)) == data[keys[-1]]
-
     def test_stats_count_blocks_and_bytes(self) -> None:
         ctx = self.new_context()
         tier = self.new_tier(ctx)
@@ -146,6 +117,83 @@ class CoreTests(TierSuiteBase):
         numbers = [v for v in s.as_dict().values() if isinstance(v, (int, float))]
         assert all(v >= 0 for v in numbers), s
         json.dumps(s.as_dict())  # JSON-ready
+
+    def test_stats_count_each_block_and_answer(self) -> None:
+        ctx = self.new_context()
+        tier = self.new_tier(ctx)
+        jobs = self.new_tracker(tier)
+        bb, n = self.block_bytes, 4
+        keys, missing = random_keys(n), random_keys(1)[0]
+        s0 = tier.stats()
+        fill_slots(ctx.pool, range(n))
+        assert jobs.run_store(keys, range(n)).success
+        s1 = tier.stats()
+        assert (s1.blocks_written - s0.blocks_written, s1.bytes_written - s0.bytes_written) == (
+            n, n * bb), f"stored {n} blocks of {bb} bytes: {_delta(s0, s1)}"
+        assert jobs.run_store(keys, range(n)).bytes_moved == 0
+        s2 = tier.stats()
+        assert s2.bytes_written == s1.bytes_written, "a store of present keys counted bytes"
+        poison_slots(ctx.pool, range(8, 12))
+        loaded = jobs.run_load([*keys[:3], missing], range(8, 12))
+        assert loaded.failed == {missing: FailureReason.MISSING}, loaded
+        s3 = tier.stats()
+        assert (s3.blocks_read - s2.blocks_read, s3.bytes_read - s2.bytes_read) == (
+            3, 3 * bb), f"loaded 3 blocks of {bb} bytes: {_delta(s2, s3)}"
+        assert _errors(s2, s3) == {FailureReason.MISSING.value: 1}, _delta(s2, s3)
+        answers = [resolve_lookup(tier, k, self.timeout_s) for k in (*keys[:2], missing)]
+        answers.append(resolve_lookup(tier, keys[3], self.timeout_s))
+        s4 = tier.stats()
+        assert (s4.hits - s3.hits, s4.misses - s3.misses) == (3, 1), (
+            f"3 lookups answered HIT and 1 MISS ({answers}): {_delta(s3, s4)}")
+        assert s4.evictions == s0.evictions, "evictions counted in a tier that had room"
+
+    def test_keys_differing_only_in_group_are_distinct(self) -> None:
+        ctx = self.new_context()
+        tier = self.new_tier(ctx)
+        jobs = self.new_tracker(tier)
+        block_hash = random_bytes(16)
+        keys = [make_key(block_hash, g) for g in (0, 1, MAX_GROUP)]
+        data = fill_slots(ctx.pool, [0, 1])
+        assert jobs.run_store(keys[:2], [0, 1]).success
+        assert resolve_lookup(tier, keys[2], self.timeout_s) is LookupResult.MISS, (
+            "a key of another KV group answered HIT: the group index was ignored")
+        poison_slots(ctx.pool, [4, 5])
+        assert jobs.run_load([keys[1], keys[0]], [4, 5]).success
+        check_blocks(ctx.pool, [(4, data[1]), (5, data[0])], "keys of two groups mixed up")
+
+    def test_job_past_its_deadline_times_out_without_io(self) -> None:
+        ctx = self.new_context()
+        clock = ctx.clock
+        assert isinstance(clock, ManualClock)
+        bound = 4
+        tier = self.new_tier(ctx, capacity_bytes=bound * self.block_bytes)
+        jobs = self.new_tracker(tier)
+        keys = random_keys(bound)
+        jobs.store_each(keys)
+        held = resident(tier, keys, self.timeout_s)
+        assert held, "the tier kept none of the blocks stored"
+        errors_before = tier.stats()
+        fresh = random_keys(1)[0]
+        fill_slots(ctx.pool, [1])
+        dst = list(range(8, 8 + len(held)))
+        poison_slots(ctx.pool, dst)
+        before = snapshot(ctx.pool)
+        deadline = clock() + 5.0
+        clock.advance(10.0)  # past the deadline before the jobs are even submitted
+        late = [jobs.store([fresh], [1], deadline), jobs.load(held, dst, deadline)]
+        for job, result in zip(late, jobs.wait(late), strict=True):
+            assert result.failed == dict.fromkeys(job.keys, FailureReason.TIMEOUT), (
+                f"a job submitted after its deadline did not time out: {result}")
+        jobs.settle()
+        assert snapshot(ctx.pool) == before, "a job past its deadline touched the pool"
+        assert resolve_lookup(tier, fresh, self.timeout_s) is LookupResult.MISS
+        assert _errors(errors_before, tier.stats()) == {
+            FailureReason.TIMEOUT.value: 1 + len(held)}
+        # The timed-out load let go of its blocks: a job needing all their room fits.
+        again = random_keys(len(held))
+        fill_slots(ctx.pool, range(20, 20 + len(again)))
+        result = jobs.run_store(again, range(20, 20 + len(again)))
+        assert result.success, f"blocks of a timed-out load stayed pinned: {result.failed}"
 
     def test_empty_jobs_are_reported(self) -> None:
         tier = self.new_tier()
@@ -213,3 +261,18 @@ class CoreTests(TierSuiteBase):
             assert result.success, result.failed
         for key, slot in zip(keys, slots, strict=True):
             assert bytes(ctx.pool.block(slot)) == data[key], f"wrong bytes in slot {slot}"
+
+
+def _errors(before: TierStats, after: TierStats) -> dict[str, int]:
+    """Errors counted between two snapshots, by reason (changes only)."""
+    keys = set(before.errors) | set(after.errors)
+    out = {k: after.errors.get(k, 0) - before.errors.get(k, 0) for k in keys}
+    return {k: v for k, v in out.items() if v}
+
+
+def _delta(before: TierStats, after: TierStats) -> dict[str, object]:
+    """What changed between two snapshots (for failure messages)."""
+    a, b = before.as_dict(), after.as_dict()
+    out: dict[str, object] = {k: (a[k], b[k]) for k in a if a[k] != b[k] and k != "errors"}
+    out["errors"] = _errors(before, after)
+    return out

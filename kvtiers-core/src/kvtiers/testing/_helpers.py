@@ -50,10 +50,14 @@ def make_context(
     namespace: Namespace | None = None,
     clock: Clock | None = None,
     name: str = "tier-under-test",
+    pool: PoolView | None = None,
 ) -> TierContext:
-    """A context over a fresh anonymous pool, with a `ManualClock` unless told."""
+    """A context over `pool` (default: a fresh anonymous pool of `num_slots` slots of
+    `block_bytes`), with a `ManualClock` unless told."""
+    if pool is not None and pool.block_bytes != block_bytes:
+        raise ValueError(f"pool blocks are {pool.block_bytes} bytes, not {block_bytes}")
     return TierContext(
-        pool=PoolView.anonymous(num_slots, block_bytes),
+        pool=PoolView.anonymous(num_slots, block_bytes) if pool is None else pool,
         namespace=namespace or make_namespace(block_bytes=block_bytes),
         clock=ManualClock() if clock is None else clock,
         name=name,
@@ -156,6 +160,20 @@ def resolve_lookup(
     return answer
 
 
+def resident(
+    tier: SecondaryTier, keys: Iterable[BlockKey], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[BlockKey]:
+    """The keys, in the order given, that the tier answers HIT for (`resolve_lookup`)."""
+    return [k for k in keys if resolve_lookup(tier, k, timeout_s) is LookupResult.HIT]
+
+
+def check_blocks(pool: PoolView, blocks: Iterable[tuple[int, bytes]], what: str = "") -> None:
+    """Assert that each (slot, bytes) pair is what the slot's block holds."""
+    suffix = f" ({what})" if what else ""
+    for slot, data in blocks:
+        assert bytes(pool.block(slot)) == data, f"wrong bytes in slot {slot}{suffix}"
+
+
 class JobTracker:
     """Submits jobs to one tier and collects their results, asserting the contract:
     every job is reported exactly once, with a result that accounts for each key.
@@ -190,17 +208,33 @@ class JobTracker:
         self.tier.submit_load(job)
         return job
 
-    def poll(self) -> list[JobResult]:
-        """One `get_finished_jobs` call, its results checked and recorded."""
+    def poll(self, *, others: bool = False) -> list[JobResult]:
+        """One `get_finished_jobs` call, its results checked and recorded. With
+        `others`, results for jobs this tracker never submitted are ignored instead
+        of failing (someone else, such as a wrapper tier, submitted them)."""
         results = self.tier.get_finished_jobs()
         assert isinstance(results, list), f"get_finished_jobs returned {type(results)}"
+        mine = []
         for result in results:
+            assert isinstance(result, JobResult), f"get_finished_jobs returned {result!r}"
             known = self.jobs.get(result.job_id)
+            if known is None and others:
+                continue
             assert known is not None, f"result for job {result.job_id}, never submitted"
             assert result.job_id not in self.results, f"job {result.job_id} reported twice"
             check_result(known[0], result)
             self.results[result.job_id] = result
-        return results
+            mine.append(result)
+        return mine
+
+    def settle(self, *, others: bool = False) -> None:
+        """Wait (`drain`) until the tier is idle, then poll once more: every job must
+        be reported by then, and none again (a late duplicate fails here)."""
+        assert self.tier.drain(self.timeout_s) is True, (
+            f"drain did not return True within {self.timeout_s}s: is the tier stuck?")
+        self.poll(others=others)
+        assert not self.outstanding, (
+            f"jobs {self.outstanding} not reported although drain returned True")
 
     @property
     def outstanding(self) -> list[int]:
@@ -228,6 +262,19 @@ class JobTracker:
                  deadline: float | None = None) -> JobResult:
         """Load and wait for the result."""
         return self.wait([self.load(keys, slots, deadline)])[0]
+
+    def store_each(self, keys: Iterable[BlockKey], slot: int = 0,
+                   rng: random.Random | None = None) -> dict[BlockKey, bytes]:
+        """Store `keys` one job at a time from `slot`, each with fresh random bytes,
+        asserting success (so the order of `keys` is the order of their age); the
+        bytes stored per key."""
+        pool = self.tier.ctx.pool
+        data: dict[BlockKey, bytes] = {}
+        for key in keys:
+            data[key] = fill_slots(pool, [slot], rng)[0]
+            result = self.run_store([key], [slot])
+            assert result.success, f"store of one block failed: {result.failed}"
+        return data
 
 
 def run_job(

@@ -3,9 +3,9 @@
 - `create_tier(section, ctx, registry=None)`: build a tier by its registered name.
 - `MemoryTier` (`memory`): bounded, verifying, in-process RAM tier.
 - `FaultyTier` (`faulty`): wraps any tier and injects faults, reproducibly.
-- `JobWorkers`: the worker-thread/job-queue helper the memory tier runs on, for any
-  tier that wants the contract's bookkeeping (exactly-once results, `closed` and
-  `timeout` handling, loads before stores) done for it.
+
+The job engine and the bounded index these tiers are built on are public SDK in
+`kvtiers.sdk`.
 
 The tier classes are imported on first use: registering the built-ins (every
 `kvtiers` command does) must not pay for them.
@@ -20,14 +20,12 @@ from kvtiers.tiers._factory import create_tier
 if TYPE_CHECKING:
     from kvtiers.tiers.faulty import FaultyTier
     from kvtiers.tiers.memory import MemoryTier
-    from kvtiers.tiers.workers import JobWorkers
 
-__all__ = ["FaultyTier", "JobWorkers", "MemoryTier", "create_tier"]
+__all__ = ["FaultyTier", "MemoryTier", "create_tier"]
 
 _LAZY = {
     "FaultyTier": "kvtiers.tiers.faulty",
     "MemoryTier": "kvtiers.tiers.memory",
-    "JobWorkers": "kvtiers.tiers.workers",
 }
 
 

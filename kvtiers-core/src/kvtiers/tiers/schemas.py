@@ -35,14 +35,19 @@ MEMORY_SCHEMA: Mapping[str, Any] = {
         "capacity_bytes": {
             "type": "integer",
             "minimum": 1,
+            # Summed with the CPU pool against the machine's memory.
+            "x-kvtiers": "ram_bytes",
             "description": (
                 "RAM the tier may hold, in bytes (block bytes only). Required: RAM is "
-                "the resource the engine competes for, so its budget is never guessed."
+                "the resource the engine competes for, so its budget is never guessed. "
+                "Together with the CPU pool and every other memory tier it must fit the "
+                "machine's memory."
             ),
         },
         "eviction_policy": {
             "type": "string",
             "minLength": 1,
+            "x-kvtiers": "policy",
             "default": "lru",
             "description": "name of a registered eviction policy (see `kvtiers plugins`)",
         },

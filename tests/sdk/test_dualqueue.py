@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool
 from kvtiers.testing import wait_until
-
-from kvtiers_fs.dualqueue import LOAD, STORE, DualQueueThreadPool
 
 
 class Gate:

@@ -1,0 +1,278 @@
+"""What the job engines share: the `Job` handle that tier code is given, and the
+`JobLedger` that reports every job exactly once.
+
+A job's keys are settled one by one, each exactly one way: succeeded (with the
+bytes it moved) or failed with a `FailureReason`. Work items settle their keys by
+returning; a start hook settles the keys it does no I/O for (`succeed`, `fail`);
+an end hook may still fail a key that succeeded (a commit that did not happen).
+A key nobody settled is a tier bug: it fails with `io`, and the engine logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from kvtiers.clock import Clock
+from kvtiers.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.keys import BlockKey
+from kvtiers.stats import StatsRecorder
+
+__all__ = ["CrashHook", "EndHook", "Job", "JobFlow", "JobLedger", "Outcome", "StartHook"]
+
+#: what a work item returns for one key: None (it succeeded) or why it failed
+#: (anything else is a tier bug and counts as `io`)
+Outcome = FailureReason | None
+
+
+def _reason(value: object) -> FailureReason:
+    try:
+        return FailureReason(value)
+    except ValueError:
+        return FailureReason.IO
+
+
+class Job:
+    """One submitted job inside an engine. Tier code reads `transfer`, `load` and
+    `state` (whatever the tier passed at submit, or set in its start hook), and
+    settles keys by index into `transfer.keys`.
+
+    Items of one job may run on several threads at once: each settles only its own
+    indices, so the only shared counter is guarded by the job's lock."""
+
+    __slots__ = ("transfer", "load", "state", "started", "_clock", "_out", "_left", "_lock")
+
+    def __init__(self, transfer: TransferJob, load: bool, state: Any, clock: Clock):
+        self.transfer = transfer
+        self.load = load
+        self.state = state
+        #: perf_counter when the engine first took work of this job (0.0: never)
+        self.started = 0.0
+        self._clock = clock
+        # Per key: None (unsettled), an int (succeeded; bytes moved) or a FailureReason.
+        self._out: list[int | FailureReason | None] = [None] * len(transfer.keys)
+        self._left = 0  # queued or running work units (items, or the start hook)
+        self._lock = threading.Lock()
+
+    @property
+    def job_id(self) -> int:
+        return self.transfer.job_id
+
+    @property
+    def keys(self) -> Sequence[BlockKey]:
+        return self.transfer.keys
+
+    @property
+    def slots(self) -> Sequence[int]:
+        return self.transfer.slots
+
+    def expired(self) -> bool:
+        """The job's deadline (on the tier's clock) has passed."""
+        deadline = self.transfer.deadline
+        return deadline is not None and self._clock() > deadline
+
+    def succeed(self, i: int, moved: int = 0) -> None:
+        """Key `i` succeeded, having moved `moved` bytes (0: nothing to copy, such
+        as a store of a key already held). For start and end hooks."""
+        self._out[i] = moved
+
+    def fail(self, i: int, reason: FailureReason) -> None:
+        """Key `i` failed with `reason`; replaces a success (its bytes no longer
+        count). For start and end hooks."""
+        self._out[i] = FailureReason(reason)
+
+    def succeeded(self, i: int) -> bool:
+        """Whether key `i` has succeeded (so far: an end hook may still fail it)."""
+        out = self._out[i]
+        return out is not None and not isinstance(out, FailureReason)
+
+    def settled(self, i: int) -> bool:
+        return self._out[i] is not None
+
+    # Engine side.
+
+    def _begin(self) -> None:
+        if not self.started:
+            self.started = time.perf_counter()
+
+    def _add_units(self, n: int) -> None:
+        with self._lock:
+            self._left += n
+
+    def _settle(self, indices: Sequence[int], outcomes: Sequence[Outcome], moved: int,
+                units: int) -> bool:
+        """Record item outcomes (None: succeeded, `moved` bytes) and retire `units`
+        work units. True for the call that retired the job's last unit."""
+        out = self._out
+        for i, outcome in zip(indices, outcomes, strict=True):
+            out[i] = moved if outcome is None else _reason(outcome)
+        with self._lock:
+            self._left -= units
+            return self._left == 0
+
+    def _settle_rest(self, reason: FailureReason) -> None:
+        """Fail every key not settled yet (timeout, closed, a crashed start hook)."""
+        out = self._out
+        for i, o in enumerate(out):
+            if o is None:
+                out[i] = reason
+
+    def _fail_successes(self, reason: FailureReason) -> None:
+        """Fail every key that succeeded (a crashed end hook: nothing it vouched for
+        may be reported as done)."""
+        out = self._out
+        for i, o in enumerate(out):
+            if o is not None and not isinstance(o, FailureReason):
+                out[i] = reason
+
+    def _result(self, log: logging.Logger) -> JobResult:
+        result = JobResult(self.transfer.job_id)
+        ok, failed = result.ok, result.failed
+        moved = unsettled = 0
+        for key, o in zip(self.transfer.keys, self._out, strict=True):
+            if o is None:
+                failed[key] = FailureReason.IO
+                unsettled += 1
+            elif isinstance(o, FailureReason):
+                failed[key] = o
+            else:
+                ok.append(key)
+                moved += o
+        if unsettled:
+            log.error("job %d: the tier settled %d key(s) of %d neither way; they fail "
+                      "with io", self.transfer.job_id, unsettled, len(self._out))
+        result.bytes_moved = moved
+        result.seconds = time.perf_counter() - self.started if self.started else 0.0
+        return result
+
+
+class JobLedger:
+    """Jobs in flight and results not yet taken: admission (refused once closed),
+    exactly-once reporting, `drain`, and stats. Thread-safe; no method blocks on
+    I/O except `drain`, which waits on purpose."""
+
+    def __init__(self, stats: StatsRecorder | None = None):
+        self._stats = stats
+        self._cond = threading.Condition()
+        self._finished: list[JobResult] = []
+        self._active = 0
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def active(self) -> int:
+        """Jobs admitted and not reported yet."""
+        return self._active
+
+    def admit(self, then: Callable[[], object] | None = None) -> bool:
+        """Count a new job in; False once closed (the job is then reported as
+        `closed` without being counted). `then`, when given, is called under the
+        ledger's lock once admitted, so that `close` cannot slip in between: it
+        must be quick and never block (hand the job to a queue)."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._active += 1
+            if then is not None:
+                then()
+            return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+
+    def report(self, result: JobResult, *, load: bool, counted: bool = True) -> None:
+        """Record a job's result (once per job). `counted`: the job was admitted."""
+        if self._stats is not None:
+            self._stats.job(result, load=load)
+        with self._cond:
+            self._finished.append(result)
+            if counted:
+                self._active -= 1
+            self._cond.notify_all()
+
+    def take(self) -> list[JobResult]:
+        with self._cond:
+            done, self._finished = self._finished, []
+        return done
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait (real time) until no admitted job is unreported; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._active == 0, timeout)
+
+
+#: a start hook: `start(job) -> indices to run as work items` (see `JobHooks`)
+StartHook = Callable[[Job], Iterable[int]]
+#: an end hook: `end(job)`, after the job's last item, before its result is reported
+EndHook = Callable[[Job], None]
+#: called with the exception when tier code raised (after it is logged)
+CrashHook = Callable[[BaseException], None]
+
+
+class JobFlow:
+    """The parts of a job's life that do not depend on how items run, shared by
+    `JobEngine` (threads) and `AsyncJobEngine` (an event loop): cutting items into
+    units, running the start and end hooks with their failures contained, and
+    reporting. Engine-internal; a tier never builds one."""
+
+    def __init__(self, ledger: JobLedger, *, logger: logging.Logger, block_bytes: int,
+                 batch_bytes: int, on_crash: CrashHook | None, what: str):
+        if block_bytes < 1:
+            raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
+        self.ledger = ledger
+        self.log = logger
+        self.block_bytes = block_bytes
+        # Items per unit: consecutive small blocks of one job share a unit, so the
+        # per-unit cost (queue, wake-up, counters) does not outweigh their I/O.
+        self.per_unit = max(1, batch_bytes // block_bytes)
+        self._on_crash = on_crash
+        self._what = what
+
+    def units(self, indices: Sequence[int]) -> list[Sequence[int]]:
+        per = self.per_unit
+        if per == 1:
+            return [(i,) for i in indices]
+        return [indices[i : i + per] for i in range(0, len(indices), per)]
+
+    def crashed(self, job: Job, where: str, exc: BaseException) -> None:
+        self.log.error("%s: %s of job %d raised; its keys fail with io", self._what, where,
+                       job.job_id, exc_info=exc)
+        if self._on_crash is not None:
+            try:
+                self._on_crash(exc)
+            except Exception:  # noqa: BLE001 - the crash hook must not add a second one
+                self.log.exception("%s: crash hook raised", self._what)
+
+    def start(self, job: Job, hook: StartHook) -> list[int] | None:
+        """Run a start hook: the indices it returned, or None when it raised (the
+        job's unsettled keys then failed with io)."""
+        try:
+            items = list(hook(job))
+        except Exception as exc:  # noqa: BLE001 - a tier bug costs misses, not the engine
+            self.crashed(job, "the start hook", exc)
+            job._settle_rest(FailureReason.IO)
+            return None
+        n = len(job.keys)
+        if any(not 0 <= i < n for i in items) or len(set(items)) != len(items):
+            self.crashed(job, "the start hook", ValueError(
+                f"start hook returned indices out of 0..{n - 1} or repeated: {items[:8]}"))
+            job._settle_rest(FailureReason.IO)
+            return None
+        return items
+
+    def end(self, job: Job, hook: EndHook | None, *, counted: bool = True) -> None:
+        """The job's last unit has retired: run its end hook, then report it."""
+        if hook is not None:
+            try:
+                hook(job)
+            except Exception as exc:  # noqa: BLE001 - a tier bug costs misses, not the engine
+                self.crashed(job, "the end hook", exc)
+                job._fail_successes(FailureReason.IO)
+        self.ledger.report(job._result(self.log), load=job.load, counted=counted)
