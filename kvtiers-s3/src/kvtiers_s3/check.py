@@ -29,7 +29,7 @@ from kvtiers.errors import ConfigError, ConfigNote, ConfigProblem
 from kvtiers_s3.connect import boto3_client, open_filesystem
 from kvtiers_s3.settings import S3Settings, settings_from_obj, settings_from_s3
 
-__all__ = ["check_obj", "check_s3", "check_settings"]
+__all__ = ["OBJ_PATHS", "S3_PATHS", "check_obj", "check_offline", "check_s3", "check_settings"]
 
 CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 5.0
@@ -55,6 +55,7 @@ class Paths:
 
 
 S3_PATHS = Paths("$.url", "$.storage_options.endpoint_url", "$.storage_options")
+OBJ_PATHS = Paths("$.store_config.bucket", "$.store_config.endpoint_override", "$.store_config")
 
 
 def check_s3(options: Mapping[str, Any]) -> list[Remark]:
@@ -80,6 +81,14 @@ def check_obj(options: Mapping[str, Any]) -> list[Remark]:
         store,
     )
     return check_settings(settings, paths, tier="obj")
+
+
+def check_offline(settings: S3Settings, paths: Paths = S3_PATHS,
+                  tier: str = "s3") -> list[ConfigProblem]:
+    """The checks that need no network (scheme, options): what the tier's
+    constructor refuses before it starts."""
+    return [r for r in _scrubbed(_check_protocol(settings, paths), settings, tier)
+            if isinstance(r, ConfigProblem)]
 
 
 def check_settings(settings: S3Settings, paths: Paths, tier: str = "s3") -> list[Remark]:

@@ -140,6 +140,25 @@ class ObjectStore:
             data: bytes = await body.read()
         return data
 
+    async def info(self, name: str) -> ObjectInfo | None:
+        """Size and time of the object, or None when there is no such object."""
+        if self.settings.is_s3:
+            bucket, key = self._split(name)
+            try:
+                head = await self._call("head_object", Bucket=bucket, Key=key)
+            except FileNotFoundError:
+                return None
+            modified = head.get("LastModified")
+            return ObjectInfo(name, int(head.get("ContentLength", 0)),
+                              modified.timestamp() if modified is not None else None)
+        try:
+            found = await self.fs._info(self.path(name))
+        except FileNotFoundError:
+            return None
+        if found.get("type") == "directory":
+            return None
+        return ObjectInfo(name, int(found.get("size") or 0), _mtime(found))
+
     async def size(self, name: str) -> int | None:
         """The object's size, or None when there is no such object."""
         if self.settings.is_s3:

@@ -86,6 +86,25 @@ _COMMON: dict[str, Any] = {
         "default": {},
         "description": "how blocks map to objects",
     },
+    "timeout_s": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "maximum": 3600,
+        "default": 10,
+        "description": (
+            "longest one request may take (a job's deadline shortens it): a server that "
+            "stops answering costs a failed request, never a stuck job"
+        ),
+    },
+    "rescan_s": {
+        "type": "number",
+        "minimum": 0,
+        "default": 30,
+        "description": (
+            "with shared: true, list the namespace this often to count what other "
+            "engines stored (and evict down to capacity_bytes); 0: never"
+        ),
+    },
     "ttl_s": {
         "type": ["integer", "null"],
         "minimum": 1,

@@ -69,6 +69,8 @@ class S3Settings:
     ttl_s: int | None
     create_bucket: bool
     shared: bool
+    timeout_s: float
+    rescan_s: float
     storage_options: Mapping[str, Any] = field(repr=False)
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
@@ -159,6 +161,10 @@ def _common(options: Mapping[str, Any]) -> dict[str, Any]:
         "ttl_s": None if options.get("ttl_s") is None else int(options["ttl_s"]),
         "create_bucket": bool(options.get("create_bucket", False)),
         "shared": bool(options.get("shared", True)),
+        "timeout_s": float(options.get("timeout_s",
+                                       S3_SCHEMA["properties"]["timeout_s"]["default"])),
+        "rescan_s": float(options.get("rescan_s",
+                                      S3_SCHEMA["properties"]["rescan_s"]["default"])),
     }
 
 
