@@ -14,7 +14,8 @@ new objects and every loaded byte is compared with what was stored):
 - raw s3fs-async: s3fs on one event loop, `_pipe_file` / `_cat_file` per block under
   asyncio.gather with a semaphore of --concurrency, one object per block;
 - raw objectstore: `kvtiers_s3.objects.ObjectStore` (the tier's data layer: s3fs'
-  aiobotocore client called directly), same pattern;
+  aiobotocore client called directly), same pattern; objectstore-boto3: the same
+  layer with boto3 on a thread pool (`client: "boto3"`);
 - per-block (objectstore): kvtiers-s3's block records (header + block,
   `kvtiers_s3.codec`), header checked and checksum verified on load;
 - segments-<N>MiB (objectstore): the blocks of each job of --job-blocks blocks
@@ -117,15 +118,17 @@ class S3fsAsync:
     """s3fs on one event loop thread, requests bounded by a semaphore; with
     `objectstore`, through the tier's `ObjectStore` instead of s3fs' methods."""
 
-    def __init__(self, server: S3Server, concurrency: int, objectstore: bool = False):
-        self.name = "objectstore" if objectstore else "s3fs-async"
+    def __init__(self, server: S3Server, concurrency: int, objectstore: bool = False,
+                 boto3: bool = False):
+        self.name = ("objectstore-boto3" if boto3 else "objectstore") if objectstore \
+            else "s3fs-async"
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         settings = settings_from_s3({"url": f"s3://{server.bucket}", "capacity_bytes": 1,
                                      "storage_options": server.storage_options()})
         self.fs = self._run(self._open(settings, concurrency))
-        self.store = ObjectStore(self.fs, settings)
+        self.store = ObjectStore(self.fs, settings, boto3_threads=concurrency if boto3 else 0)
         self.objectstore = objectstore
         self.sem = asyncio.Semaphore(concurrency)
         self.bucket = server.bucket
@@ -304,12 +307,14 @@ def bench_server(server: S3Server, args: argparse.Namespace) -> list[dict[str, A
             for conc in args.concurrency:
                 boto, s3fs_ = Boto3Threads(server, conc), S3fsAsync(server, conc)
                 objs = S3fsAsync(server, conc, objectstore=True)
+                objb = S3fsAsync(server, conc, objectstore=True, boto3=True)
                 try:
                     blocks = functools.partial(_blocks, n, bb)
                     cases: list[tuple[str, str, Callable[[str], dict[str, Timed]]]] = [
                         ("boto3-threads", "raw", functools.partial(raw_pass, boto, blocks)),
                         ("s3fs-async", "raw", functools.partial(raw_pass, s3fs_, blocks)),
                         ("objectstore", "raw", functools.partial(raw_pass, objs, blocks)),
+                        ("objectstore-boto3", "raw", functools.partial(raw_pass, objb, blocks)),
                         ("objectstore", "per-block",
                          functools.partial(per_block_pass, objs, blocks)),
                     ]
@@ -326,6 +331,7 @@ def bench_server(server: S3Server, args: argparse.Namespace) -> list[dict[str, A
                     boto.close()
                     s3fs_.close()
                     objs.close()
+                    objb.close()
             print(f"  {server.kind}: run {run + 1}/{args.runs}, {bb // KiB} KiB blocks done",
                   file=sys.stderr)
     out = []

@@ -219,13 +219,19 @@ class S3Server(ABC):
 
     # -- between tests -------------------------------------------------------------
 
-    def clear(self, prefix: str = "") -> None:
-        """Delete every object under `prefix` in `bucket`."""
+    def clear(self, prefix: str = "", bucket: str | None = None) -> None:
+        """Delete every object under `prefix` in `bucket` (default: the server's)."""
         client = self.client()
+        bucket = bucket or self.bucket
         paginator = client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
-                client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+                client.delete_object(Bucket=bucket, Key=obj["Key"])
+
+    def clear_bucket(self, bucket: str) -> None:
+        """Empty and delete `bucket`."""
+        self.clear(bucket=bucket)
+        self.client().delete_bucket(Bucket=bucket)
 
 
 def _accepts(port: int) -> bool:

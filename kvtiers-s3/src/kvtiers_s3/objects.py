@@ -5,7 +5,9 @@ For S3 the calls go to s3fs' aiobotocore client itself, not through s3fs' file
 methods: those add a HEAD before whole-object reads, listings of directory markers
 around deletes and a retry loop of their own with sleeps (the tier has deadlines
 and a breaker), and cost ~10-20% of throughput on small blocks (docs/tiers/s3.md).
-Errors are translated the way s3fs does (`FileNotFoundError` for a missing key).
+With `boto3_threads` (the tier's `client: "boto3"`), the same calls go to boto3 on
+a thread pool instead, awaited from the loop. Errors are translated the way s3fs
+does (`FileNotFoundError` for a missing key).
 
 put (one request per object), get (whole, or one byte range: never a HEAD first),
 size (HEAD), delete (bulk where the store has it: S3's DeleteObjects, 1000 names a
@@ -79,7 +81,7 @@ class ObjectStore:
     filesystem bound to the running loop: `connect.open_filesystem(settings,
     loop=...)`; a synchronous one is wrapped)."""
 
-    def __init__(self, fs: Any, settings: S3Settings):
+    def __init__(self, fs: Any, settings: S3Settings, *, boto3_threads: int = 0):
         if not getattr(fs, "async_impl", False):
             from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 
@@ -89,6 +91,8 @@ class ObjectStore:
         #: objects per listing page (S3 allows 1000; tests make it small)
         self.page_size = 1000
         self._s3: Any = None  # s3fs' aiobotocore client, once opened
+        # boto3 on threads instead, for S3 (`client: boto3`)
+        self._boto3 = _Boto3(settings, boto3_threads) if settings.is_s3 and boto3_threads else None
         # Names are kept without the protocol's leading slash (file:// lists "/x").
         self._lead = "/" if settings.root.startswith("/") else ""
 
@@ -100,13 +104,19 @@ class ObjectStore:
             self._s3 = await self.fs.set_session()
         return self._s3
 
-    async def _call(self, method: str, **kwargs: Any) -> Any:
+    async def _call(self, method: str, *, read: bool = False, **kwargs: Any) -> Any:
+        """One S3 request; `read`: return the body's bytes instead of the response."""
         from botocore.exceptions import ClientError
         from s3fs.errors import translate_boto_error
 
-        client = await self._client()
         try:
-            return await getattr(client, method)(**kwargs)
+            if self._boto3 is not None:
+                return await self._boto3.call(method, read, kwargs)
+            resp = await getattr(await self._client(), method)(**kwargs)
+            if not read:
+                return resp
+            async with resp["Body"] as body:
+                return await body.read()
         except ClientError as exc:
             raise translate_boto_error(exc) from exc
 
@@ -135,9 +145,7 @@ class ObjectStore:
         extra = {}
         if start is not None or end is not None:
             extra["Range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
-        resp = await self._call("get_object", Bucket=bucket, Key=key, **extra)
-        async with resp["Body"] as body:
-            data: bytes = await body.read()
+        data: bytes = await self._call("get_object", read=True, Bucket=bucket, Key=key, **extra)
         return data
 
     async def info(self, name: str) -> ObjectInfo | None:
@@ -245,6 +253,34 @@ class ObjectStore:
 
     async def close(self) -> None:
         """Close the S3 client's connections (on the loop, at the tier's close)."""
+        if self._boto3 is not None:
+            self._boto3.close()
         if self._s3 is not None:
             client, self._s3 = self._s3, None
             await client.close()
+
+
+class _Boto3:
+    """boto3 calls on a thread pool of their own, awaited from the loop: measured
+    faster than aiobotocore for large GETs (docs/tiers/s3.md). A request cancelled by
+    its deadline finishes on its thread (botocore's timeouts bound it) and is
+    discarded; it never touches a pool slot (the tier copies afterwards)."""
+
+    def __init__(self, settings: S3Settings, threads: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from kvtiers_s3.connect import boto3_client
+
+        self.client = boto3_client(settings, max_pool_connections=threads)
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="kvtiers-s3-boto3")
+
+    async def call(self, method: str, read: bool, kwargs: dict[str, Any]) -> Any:
+        def run() -> Any:
+            resp = getattr(self.client, method)(**kwargs)
+            return resp["Body"].read() if read else resp
+
+        return await asyncio.get_running_loop().run_in_executor(self.pool, run)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+        self.client.close()

@@ -19,6 +19,7 @@ DEFAULT_CONCURRENCY = 32
 DEFAULT_SEGMENT_BYTES = 8 * MiB
 DEFAULT_PACK_BELOW_BYTES = 1 * MiB
 PACKINGS = ("auto", "per_block", "segments")
+CLIENTS = ("auto", "boto3", "aiobotocore")
 
 
 def _secret(description: str) -> dict[str, Any]:
@@ -85,6 +86,15 @@ _COMMON: dict[str, Any] = {
         },
         "default": {},
         "description": "how blocks map to objects",
+    },
+    "client": {
+        "enum": list(CLIENTS),
+        "default": "auto",
+        "description": (
+            'S3 only, which client makes the requests: "aiobotocore" (s3fs\' own, on the '
+            'event loop) or "boto3" (on a thread pool, awaited from the loop); "auto": '
+            "boto3, measured faster for large blocks (docs/tiers/s3.md)"
+        ),
     },
     "timeout_s": {
         "type": "number",

@@ -71,6 +71,7 @@ class S3Settings:
     shared: bool
     timeout_s: float
     rescan_s: float
+    client: str
     storage_options: Mapping[str, Any] = field(repr=False)
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
@@ -92,6 +93,11 @@ class S3Settings:
     def prefix(self) -> str:
         """The root without its bucket ("" at the bucket's top)."""
         return self.root.split("/", 1)[1] if "/" in self.root else ""
+
+    @property
+    def uses_boto3(self) -> bool:
+        """S3 requests go through boto3 on threads (`client`)."""
+        return self.is_s3 and self.client in ("auto", "boto3")
 
     @property
     def endpoint_url(self) -> str | None:
@@ -165,6 +171,7 @@ def _common(options: Mapping[str, Any]) -> dict[str, Any]:
                                        S3_SCHEMA["properties"]["timeout_s"]["default"])),
         "rescan_s": float(options.get("rescan_s",
                                       S3_SCHEMA["properties"]["rescan_s"]["default"])),
+        "client": str(options.get("client", "auto")),
     }
 
 

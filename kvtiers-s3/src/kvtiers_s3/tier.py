@@ -122,7 +122,9 @@ class S3Tier(SecondaryTier):
             fs = open_filesystem(settings, loop=self._engine.loop,
                                  **({"max_pool_connections": settings.concurrency + 8}
                                     if settings.is_s3 else {}))
-            self._store = ObjectStore(fs, settings)
+            self._store = ObjectStore(
+                fs, settings,
+                boto3_threads=settings.concurrency + 8 if settings.uses_boto3 else 0)
             self._io.attach(self._store)
             scanned = self._engine.run(self._start(), timeout=STARTUP_TIMEOUT_S)
         except BaseException:
