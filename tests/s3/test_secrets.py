@@ -1,11 +1,11 @@
 """Credentials never appear in what kvtiers prints: `kvtiers validate` (summary,
-`--json`, errors, warnings, notes), `kvtiers plugins`, the machine check's
-problems. The tier's logs, errors and stats are held to the same test once the
-tier runs (test_tier_secrets)."""
+`--show`, `--json`, errors, warnings, notes), `kvtiers plugins`, the machine
+check's problems, and the tier's logs, errors, stats and repr."""
 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +13,13 @@ from typing import Any
 
 import pytest
 from kvtiers.cli import main
+from kvtiers.errors import ConfigError
 from kvtiers.plugins import Registry
 from kvtiers.plugins import registry as registry_module
+from kvtiers.testing import JobTracker, fill_slots, make_context, random_keys
 
 from tests.s3.conftest import cli_env
+from tests.s3.helpers import s3_tier
 from tests.s3.servers import Identity, S3Server, free_port
 
 TOKEN = "session-token-kvtiers-000"
@@ -79,7 +82,7 @@ def test_validate_never_prints_credentials(
     for name, doc in _configs(server, who, endpoint).items():
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(doc))
-        for extra in ([], ["--json"]):
+        for extra in ([], ["--json"], ["--show"]):
             code, text = _in_process(capsys, "validate", str(path), *extra)
             assert code == (0 if outcome == "valid" else 2), text
             outputs.append(text)
@@ -109,3 +112,34 @@ def test_the_real_cli_finds_the_tier_and_prints_no_credentials(
     _assert_clean(done.stdout + done.stderr + listing.stdout + listing.stderr,
                   moto.admin.key, moto.admin.secret, TOKEN)
     assert "obj (kvtiers-s3" in done.stdout
+
+
+def test_the_tier_never_logs_raises_or_counts_credentials(
+        seaweedfs: S3Server, caplog: pytest.LogCaptureFixture) -> None:
+    """Refused credentials, then a server that is not there: every message the tier
+    writes (at any level), every error it raises, its stats and its repr."""
+    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.DEBUG, logger="kvtiers")
+    wrong = Identity(seaweedfs.admin.key, "wrong-secret-kvtiers-0002")
+    ctx = make_context(16384)
+    with pytest.raises(ConfigError) as refused:
+        s3_tier(ctx, seaweedfs, f"{seaweedfs.bucket}/secrets",
+                storage_options=seaweedfs.storage_options(wrong))
+    texts = [str(refused.value)]
+    gone = {**seaweedfs.storage_options(),
+            "endpoint_url": f"http://127.0.0.1:{free_port()}", "token": TOKEN}
+    tier = s3_tier(ctx, seaweedfs, f"{seaweedfs.bucket}/secrets", storage_options=gone,
+                   timeout_s=1)
+    try:
+        jobs = JobTracker(tier, 30)
+        keys = random_keys(2)
+        fill_slots(ctx.pool, range(2))
+        stored = jobs.run_store(keys, range(2))
+        assert stored.failed, "a store to a closed port succeeded"
+        texts += [json.dumps(tier.stats().as_dict()), repr(tier.settings), repr(stored)]
+    finally:
+        tier.close()
+    texts.append(caplog.text)
+    assert "store failed" in caplog.text  # the failures were logged ...
+    for secret in (wrong.secret, seaweedfs.admin.secret, seaweedfs.admin.key, TOKEN):
+        _assert_clean("\n".join(texts), secret)  # ... without a credential

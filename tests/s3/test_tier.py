@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-
 from kvtiers.errors import ConfigError
 from kvtiers.jobs import FailureReason
 from kvtiers.lookup import LookupResult
@@ -24,7 +23,6 @@ from kvtiers.testing import (
     resolve_lookup,
     wait_until,
 )
-
 from kvtiers_s3 import tier as tier_module
 from kvtiers_s3.names import block_name, namespace_root
 from kvtiers_s3.tier import ObjTier, S3Tier

@@ -135,7 +135,7 @@ class S3Tier(SecondaryTier):
                                      miss_ttl_s=1.0, name=f"kvtiers-{self.name}-probe")
         period = settings.rescan_s if self.shared else 0.0
         if not scanned:  # the server was away: list it once it answers
-            period = period or 10.0
+            period = settings.rescan_s or 10.0
         if period > 0:
             self._rescan = asyncio.run_coroutine_threadsafe(
                 self._rescan_every(period, once=not self.shared), self._engine.loop)

@@ -19,13 +19,13 @@ from typing import Any
 
 from kvtiers.config import KvtiersConfig, TierSection
 from kvtiers.config.model import thaw
+from kvtiers.config.redact import redact, redact_config
 from kvtiers.config.schema import properties
 from kvtiers.errors import ConfigError
 from kvtiers.humanize import format_bytes
 from kvtiers.plugins.registry import Registry
 
 STDIN = "standard input"
-REDACTED = "***"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +79,7 @@ def run(args: argparse.Namespace) -> int:
     _warn(config.warnings)
     _note(config.notes)
     if args.json:
-        doc = config.to_dict()
-        doc["secondary_tiers"] = [redact_section(t, registry) for t in doc["secondary_tiers"]]
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(redact_config(config.to_dict(), registry), indent=2))
     elif args.show:
         from kvtiers.cli import show
 
@@ -151,30 +149,6 @@ def _tier_lines(tier: TierSection, registry: Registry, lead: str, indent: str) -
     for key, inner in nested:
         lines.extend(_tier_lines(inner, registry, f"{indent}{key}: ", indent + "  "))
     return lines
-
-
-def redact(value: Any, schema: Any, registry: Registry) -> Any:
-    """`value` (JSON data) with every option its schema marks `writeOnly` as `***`;
-    nested tier sections are redacted by their own tier's schema."""
-    if isinstance(schema, Mapping) and schema.get("writeOnly") is True:
-        return REDACTED
-    if isinstance(value, Mapping):
-        if isinstance(schema, Mapping) and schema.get("x-kvtiers") == "tier":
-            return redact_section(value, registry)
-        props = properties(schema)
-        return {k: redact(v, props.get(k), registry) for k, v in value.items()}
-    if isinstance(value, list) and isinstance(schema, Mapping):
-        return [redact(v, schema.get("items"), registry) for v in value]
-    return value
-
-
-def redact_section(section: Any, registry: Registry) -> Any:
-    """A tier section as JSON data (`{"type": ..., **options}`), redacted."""
-    if not isinstance(section, Mapping):
-        return section
-    reg = registry.tiers.get(str(section.get("type")))
-    schema = reg.record.schema if reg is not None else {}
-    return redact(section, schema, registry)
 
 
 def _worth_showing(key: str, value: Any, props: Mapping[str, Any]) -> bool:
