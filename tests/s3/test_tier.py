@@ -23,7 +23,6 @@ from kvtiers.testing import (
     resolve_lookup,
     wait_until,
 )
-from kvtiers_s3 import tier as tier_module
 from kvtiers_s3.names import block_name, namespace_root
 from kvtiers_s3.tier import ObjTier, S3Tier
 
@@ -191,8 +190,7 @@ def test_segments_are_evicted_whole_and_the_bound_counts_their_bytes(
         tier.close()
 
 
-def test_blocks_past_their_ttl_are_misses(seaweedfs: S3Server, prefix: str,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocks_past_their_ttl_are_misses(seaweedfs: S3Server, prefix: str) -> None:
     ctx = make_context(BLOCK)
     tier = s3_tier(ctx, seaweedfs, prefix, ttl_s=3600, shared=False)
     try:
@@ -202,7 +200,7 @@ def test_blocks_past_their_ttl_are_misses(seaweedfs: S3Server, prefix: str,
         assert jobs.run_store(keys, range(2)).success
         assert tier.lookup(keys[0]) is LookupResult.HIT
         later = time.time() + 7200
-        monkeypatch.setattr(tier_module.time, "time", lambda: later)
+        tier.wall_clock = lambda: later
         assert tier.lookup(keys[0]) is LookupResult.MISS
     finally:
         tier.close()

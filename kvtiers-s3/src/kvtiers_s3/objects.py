@@ -238,7 +238,7 @@ class ObjectStore:
         token: str | None = None
         read = 0
         while True:
-            extra = {"ContinuationToken": token} if token else {}
+            extra: dict[str, Any] = {"ContinuationToken": token} if token else {}
             page = await self._call("list_objects_v2", Bucket=bucket, Prefix=key_prefix,
                                     MaxKeys=self.page_size, **extra)
             read += 1

@@ -30,7 +30,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from kvtiers.errors import ConfigError, ConfigProblem
@@ -117,6 +117,8 @@ class S3Tier(SecondaryTier):
         self._rescan: concurrent.futures.Future[None] | None = None
         self._segments_listed = 0.0
         self.startup: Scan | None = None
+        #: wall-clock time that `ttl_s` is measured on (objects carry store times)
+        self.wall_clock: Callable[[], float] = time.time
         try:
             # A client for the loop; extra connections for probes, listings, deletes.
             fs = open_filesystem(settings, loop=self._engine.loop,
@@ -195,7 +197,7 @@ class S3Tier(SecondaryTier):
         return obj is not None and obj.name == name
 
     async def _adopt_scan(self, found: Scan, *, restore: bool = False) -> None:
-        now, ttl = time.time(), self.settings.ttl_s
+        now, ttl = self.wall_clock(), self.settings.ttl_s
         doomed = list(found.bad)
         for obj in found.objects:
             if ttl and obj.mtime + ttl < now:
@@ -241,7 +243,7 @@ class S3Tier(SecondaryTier):
         obj = self._holdings.lookup(key)
         if obj is not None:
             ttl = self.settings.ttl_s
-            if not ttl or obj.mtime + ttl >= time.time():
+            if not ttl or obj.mtime + ttl >= self.wall_clock():
                 self._stats.lookup(True)
                 return LookupResult.HIT
             self._engine.loop.call_soon_threadsafe(self._expire, obj)
