@@ -24,8 +24,13 @@ new objects and every loaded byte is compared with what was stored):
   blocks) and with the job's records coalesced into as few ranged GETs as they
   allow ("load-coalesced", `kvtiers_s3.ranges`: a prefix loaded as it was stored).
 
-Per-request latency (p50/p99 ms) is recorded for every pass. The rows of the tier
-itself are added once the tier exists. Results go to bench/results/s3_bench.json.
+Per-request latency (p50/p99 ms) is recorded for every pass. The tier's rows
+(`s3-tier/<client>`, `bench/s3_tier_bench.py`) store the same blocks from a pool in
+jobs of --job-blocks, all submitted at once, and load them back; their latency is
+per job (submit to result). Then: start-up of a tier over a bucket holding
+--startup-blocks blocks (4 KiB, both layouts, median of 3 starts), and an outage
+(kill -9 of the server, restart): how long loads take to fail, and how long after
+the server is back the first load succeeds. Results: bench/results/s3_bench.json.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ from kvtiers_s3.ranges import coalesce  # noqa: E402
 from kvtiers_s3.settings import settings_from_s3  # noqa: E402
 
 from tests.s3.servers import BOTOCORE_CONFIG, S3Server, make_server  # noqa: E402
+
+from bench.s3_tier_bench import outage_bench, startup_bench, tier_pass  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 FP = "0123456789abcdef0123456789abcdef"
@@ -321,6 +328,13 @@ def bench_server(server: S3Server, args: argparse.Namespace) -> list[dict[str, A
                     cases += [("objectstore", f"segments-{seg}MiB", functools.partial(
                         segment_pass, objs, blocks, segment_bytes=seg * MiB,
                         job_blocks=args.job_blocks)) for seg in args.segment_mib]
+                    # the tier itself: the same blocks, from a pool, in jobs
+                    cases += [(f"s3-tier/{client}", f"tier-{packing}", functools.partial(
+                        tier_pass, server, blocks, concurrency=conc,
+                        job_blocks=args.job_blocks, packing=packing, client=client))
+                        for packing, client in (("per_block", "boto3"),
+                                                ("per_block", "aiobotocore"),
+                                                ("segments", "boto3"))]
                     # rotate the order from run to run: what ran just before matters
                     shift = run % len(cases)
                     for client, layout, fn in cases[shift:] + cases[:shift]:
@@ -344,7 +358,7 @@ def bench_server(server: S3Server, args: argparse.Namespace) -> list[dict[str, A
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'server':<10} {'block':>7} {'client':<14} {'layout':<16} {'conc':>4} "
+    head = (f"{'server':<10} {'block':>7} {'client':<20} {'layout':<16} {'conc':>4} "
             f"{'op':<12} {'MB/s':>8} {'req':>5} {'p50 ms':>8} {'p99 ms':>8}")
     lines = [head, "-" * len(head)]
     key = lambda r: (r["server"], -r["block_bytes"], r["op"].split("-")[0], r["client"],  # noqa: E731
@@ -352,7 +366,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in sorted(rows, key=key):
         block = f"{r['block_bytes'] // KiB}K" if r["block_bytes"] < MiB else \
             f"{r['block_bytes'] // MiB}M"
-        lines.append(f"{r['server']:<10} {block:>7} {r['client']:<14} {r['layout']:<16} "
+        lines.append(f"{r['server']:<10} {block:>7} {r['client']:<20} {r['layout']:<16} "
                      f"{r['concurrency']:>4} {r['op']:<12} {r['mb_s']:>8.0f} {r['requests']:>5} "
                      f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}")
     return "\n".join(lines)
@@ -372,22 +386,47 @@ def main() -> int:
     parser.add_argument("--segment-mib", nargs="+", type=int, default=[8, 16])
     parser.add_argument("--job-blocks", type=int, default=256,
                         help="blocks per store job: segments are packed within a job")
+    parser.add_argument("--startup-blocks", type=int, default=100_000,
+                        help="blocks in the bucket for the start-up measurement (0: skip)")
+    parser.add_argument("--no-outage", dest="outage", action="store_false",
+                        help="skip the outage measurement")
     parser.add_argument("--json", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="1 run, 16 MiB passes")
     args = parser.parse_args()
     if args.quick:
         args.runs, args.pass_bytes, args.concurrency, args.segment_mib = 1, 16 * MiB, [16], [8]
+        args.startup_blocks = min(args.startup_blocks, 2000)
 
     rows: list[dict[str, Any]] = []
+    startups: list[dict[str, Any]] = []
+    outages: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kvtiers-s3-bench-") as tmp:
         for kind in args.servers:
             server = make_server(kind, Path(tmp) / kind)
             try:
                 server.start()
-                rows += bench_server(server, args)
+                if args.runs:
+                    rows += bench_server(server, args)
+                if args.startup_blocks:
+                    for packing in ("per_block", "segments"):
+                        startups.append({"server": kind, **startup_bench(
+                            server, f"startup-{packing}", blocks=args.startup_blocks,
+                            block_bytes=4096, packing=packing, runs=3)})
+                        print(f"  {kind}: start-up over {args.startup_blocks} blocks "
+                              f"({packing}) done", file=sys.stderr)
             finally:
                 server.stop()
+            if args.outage:
+                outages.append(outage_bench(kind, Path(tmp) / f"{kind}-outage"))
     print(table(rows))
+    for s in startups:
+        print(f"start-up  {s['server']:<10} {s['packing']:<10} {s['blocks']} blocks in "
+              f"{s['objects']} objects: tier ready in {s['start_s']:.2f} s (listing "
+              f"{s['listing_s']:.2f} s; median of {len(s['start_s_runs'])})")
+    for o in outages:
+        print(f"outage    {o['server']:<10} loads failed {o['loads_fail_after_s']:.2f} s after "
+              f"the kill; server back in {o['server_restart_s']:.2f} s; first good load "
+              f"{o['first_good_load_after_back_s']:.2f} s after that")
     doc = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"host": platform.node(), "kernel": platform.release(),
@@ -395,6 +434,8 @@ def main() -> int:
         "runs": args.runs, "pass_bytes": args.pass_bytes, "units": "MB/s = 10^6 B/s of "
         "block bytes, median of runs; latency per request over all runs",
         "rows": rows,
+        "startup": startups,
+        "outage": outages,
     }
     if not args.quick or args.json != RESULTS:
         args.json.parent.mkdir(parents=True, exist_ok=True)

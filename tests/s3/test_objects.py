@@ -49,9 +49,11 @@ async def _exercise(store: ObjectStore) -> None:
         await store.get(name + "0")
     listed = await store.list_objects(f"{ns}/{BLOCKS}/", shard_prefixes(ns, BLOCKS))
     assert {i.name: i.size for i in listed} == {n: 70_000 for n in blobs}
-    store.page_size = 3  # past the first page: the shards, concurrently
-    again = await store.list_objects(f"{ns}/{BLOCKS}/", shard_prefixes(ns, BLOCKS))
-    assert sorted(again, key=lambda i: i.name) == sorted(listed, key=lambda i: i.name)
+    store.page_size = 3  # past the first page: page after page, or the shards at once
+    for pages in (0, 1000):
+        store.sequential_pages = pages
+        again = await store.list_objects(f"{ns}/{BLOCKS}/", shard_prefixes(ns, BLOCKS))
+        assert sorted(again, key=lambda i: i.name) == sorted(listed, key=lambda i: i.name)
     assert all(i.mtime is not None and i.mtime > 1e9 for i in listed)
     doomed = list(blobs)[:15]
     await store.delete([*doomed, block_name(ns, b"never-written")])

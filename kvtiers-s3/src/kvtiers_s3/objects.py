@@ -26,6 +26,7 @@ Runs on the loop thread that owns the filesystem; nothing here blocks it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import datetime
 from collections.abc import Sequence
@@ -39,6 +40,8 @@ from kvtiers_s3.settings import S3Settings
 __all__ = ["ObjectInfo", "ObjectStore", "classify", "describe"]
 
 LIST_CONCURRENCY = 32
+#: a listing expected to take at most this many pages is read page after page
+SEQUENTIAL_PAGES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,7 @@ class ObjectStore:
         self.settings = settings
         #: objects per listing page (S3 allows 1000; tests make it small)
         self.page_size = 1000
+        self.sequential_pages = SEQUENTIAL_PAGES
         self._s3: Any = None  # s3fs' aiobotocore client, once opened
         # boto3 on threads instead, for S3 (`client: boto3`)
         self._boto3 = _Boto3(settings, boto3_threads) if settings.is_s3 and boto3_threads else None
@@ -206,9 +210,10 @@ class ObjectStore:
 
     async def list_objects(self, prefix: str, shards: Sequence[str] = ()) -> list[ObjectInfo]:
         """Every object under `prefix` (a "directory" ending in "/"). With `shards`
-        (sub-prefixes that together hold everything under it), a listing longer than
-        one page continues as concurrent listings of the shards: 100 000 objects cost
-        100 pages, read 32 at a time instead of one after another."""
+        (sub-prefixes that together hold everything under it, names spread evenly), a
+        listing expected to take more than `SEQUENTIAL_PAGES` pages continues as
+        concurrent listings of the shards: 100 000 objects cost 100 pages, read 32 at
+        a time instead of one after another."""
         if not self.settings.is_s3:
             try:
                 found = await self.fs._find(self.path(prefix.rstrip("/")), detail=True)
@@ -219,6 +224,13 @@ class ObjectStore:
         first, more = await self._list_s3(prefix, pages=1 if shards else None)
         if not more:
             return first
+        # Names are spread evenly over the shards and listed in order, so the shard
+        # the first page ended in says how many pages the whole listing has.
+        ordered = sorted(shards)
+        reached = bisect.bisect_right(ordered, first[-1].name) if first else 0
+        if -(-len(ordered) // max(1, reached)) <= self.sequential_pages:
+            rest, _ = await self._list_s3(prefix, start_after=first[-1].name)
+            return first + rest
         sem = asyncio.Semaphore(LIST_CONCURRENCY)
 
         async def one(shard: str) -> list[ObjectInfo]:
@@ -228,8 +240,8 @@ class ObjectStore:
         parts = await asyncio.gather(*(one(p) for p in shards))
         return [info for part in parts for info in part]
 
-    async def _list_s3(self, prefix: str,
-                       pages: int | None = None) -> tuple[list[ObjectInfo], bool]:
+    async def _list_s3(self, prefix: str, pages: int | None = None,
+                       start_after: str | None = None) -> tuple[list[ObjectInfo], bool]:
         """ListObjectsV2 pages, straight (s3fs' `_find` costs several requests more
         per prefix: it also looks for directory markers); at most `pages` of them.
         Also says whether more pages were left."""
@@ -239,6 +251,8 @@ class ObjectStore:
         read = 0
         while True:
             extra: dict[str, Any] = {"ContinuationToken": token} if token else {}
+            if start_after is not None and not token:
+                extra["StartAfter"] = self._split(start_after)[1]
             page = await self._call("list_objects_v2", Bucket=bucket, Prefix=key_prefix,
                                     MaxKeys=self.page_size, **extra)
             read += 1
