@@ -18,6 +18,9 @@ new objects and every loaded byte is compared with what was stored):
   layer with boto3 on a thread pool (`client: "boto3"`);
 - per-block (objectstore): kvtiers-s3's block records (header + block,
   `kvtiers_s3.codec`), header checked and checksum verified on load;
+- nixl-obj (vLLM): vLLM's obj tier's data path, NIXL's OBJ backend as vLLM 0.33
+  drives it (one transfer per job, num_threads = --concurrency), in its own
+  process (bench/nixl_obj_bench.py; --nixl-path);
 - segments-<N>MiB (objectstore): the blocks of each job of --job-blocks blocks
   packed into segments of up to N MiB (`segment.plan_segments`), one PUT each;
   loaded with one ranged GET per block ("load-ranged": a load of scattered
@@ -41,7 +44,9 @@ import functools
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -63,9 +68,8 @@ from kvtiers_s3.objects import ObjectStore  # noqa: E402
 from kvtiers_s3.ranges import coalesce  # noqa: E402
 from kvtiers_s3.settings import settings_from_s3  # noqa: E402
 
-from tests.s3.servers import BOTOCORE_CONFIG, S3Server, make_server  # noqa: E402
-
 from bench.s3_tier_bench import outage_bench, startup_bench, tier_pass  # noqa: E402
+from tests.s3.servers import BOTOCORE_CONFIG, S3Server, make_server  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 FP = "0123456789abcdef0123456789abcdef"
@@ -286,6 +290,32 @@ def segment_pass(client: S3fsAsync, make: Callable[[], list[tuple[bytes, bytes]]
             "load-coalesced": (c + coalesced_decode, clat)}
 
 
+def nixl_pass(server: S3Server, n: int, bb: int, prefix: str, *, threads: int,
+              job_blocks: int, nixl_path: str) -> dict[str, Timed]:
+    """vLLM's obj tier's data path (bench/nixl_obj_bench.py), in its own process."""
+    cfg = {"endpoint": server.endpoint_url.removeprefix("http://"), "bucket": server.bucket,
+           "key": server.admin.key, "secret": server.admin.secret, "prefix": prefix,
+           "block_bytes": bb, "blocks": n, "job_blocks": job_blocks, "threads": threads}
+    env = {**os.environ, "PYTHONPATH": nixl_path, "NIXL_LOG_LEVEL": "WARN"}
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "nixl_obj_bench.py"),
+                           json.dumps(cfg)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"nixl_obj_bench failed: {done.stderr[-2000:]}")
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    assert doc["match"], "NIXL read back other bytes"
+    return {"store": (doc["store"][0], doc["store"][1]), "load": (doc["load"][0], doc["load"][1])}
+
+
+def nixl_available(nixl_path: str | None) -> bool:
+    if not nixl_path:
+        return False
+    env = {**os.environ, "PYTHONPATH": nixl_path}
+    done = subprocess.run([sys.executable, "-c", "import nixl_cu12, numpy"], env=env,
+                          capture_output=True, timeout=120)
+    return done.returncode == 0
+
+
 # -- driver -------------------------------------------------------------------------------
 
 
@@ -328,6 +358,10 @@ def bench_server(server: S3Server, args: argparse.Namespace) -> list[dict[str, A
                     cases += [("objectstore", f"segments-{seg}MiB", functools.partial(
                         segment_pass, objs, blocks, segment_bytes=seg * MiB,
                         job_blocks=args.job_blocks)) for seg in args.segment_mib]
+                    if args.nixl:
+                        cases.append(("nixl-obj (vLLM)", "per-block", functools.partial(
+                            nixl_pass, server, n, bb, threads=conc, job_blocks=args.job_blocks,
+                            nixl_path=args.nixl_path)))
                     # the tier itself: the same blocks, from a pool, in jobs
                     cases += [(f"s3-tier/{client}", f"tier-{packing}", functools.partial(
                         tier_pass, server, blocks, concurrency=conc,
@@ -390,6 +424,9 @@ def main() -> int:
                         help="blocks in the bucket for the start-up measurement (0: skip)")
     parser.add_argument("--no-outage", dest="outage", action="store_false",
                         help="skip the outage measurement")
+    parser.add_argument("--nixl-path", default=os.environ.get("KVTIERS_NIXL_PATH"),
+                        help="a directory with nixl_cu12 (pip install --target DIR "
+                        "nixl-cu12 numpy): adds vLLM's obj tier's data path (NIXL OBJ)")
     parser.add_argument("--json", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="1 run, 16 MiB passes")
     args = parser.parse_args()
@@ -397,6 +434,11 @@ def main() -> int:
         args.runs, args.pass_bytes, args.concurrency, args.segment_mib = 1, 16 * MiB, [16], [8]
         args.startup_blocks = min(args.startup_blocks, 2000)
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on kill
+    args.nixl = nixl_available(args.nixl_path)
+    if not args.nixl:
+        print("  vLLM's obj tier (NIXL OBJ): not run - nixl_cu12 not importable "
+              "(--nixl-path)", file=sys.stderr)
     rows: list[dict[str, Any]] = []
     startups: list[dict[str, Any]] = []
     outages: list[dict[str, Any]] = []
@@ -433,6 +475,7 @@ def main() -> int:
                     "python": platform.python_version(), "cpus": os.cpu_count()},
         "runs": args.runs, "pass_bytes": args.pass_bytes, "units": "MB/s = 10^6 B/s of "
         "block bytes, median of runs; latency per request over all runs",
+        "nixl": "run" if args.nixl else "not run: nixl_cu12 not importable",
         "rows": rows,
         "startup": startups,
         "outage": outages,

@@ -15,7 +15,6 @@ from typing import Any
 from kvtiers.namespace import BlockGeometry, Namespace
 from kvtiers.pool_view import PoolView
 from kvtiers.tier import TierContext
-
 from kvtiers_s3 import codec, segment
 from kvtiers_s3.connect import open_filesystem
 from kvtiers_s3.names import block_name, namespace_root, segment_name
