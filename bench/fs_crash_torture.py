@@ -30,9 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import kvtiers_fs.store as store_mod  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 
+import kvtiers_fs.store as store_mod  # noqa: E402
 from tests.fs.child import read_log  # noqa: E402
 from tests.fs.test_crash import _check_restart, _kill_cycle  # noqa: E402
 
