@@ -72,6 +72,9 @@ def tier_pass(server: S3Server, make: Callable[[], list[tuple[bytes, bytes]]], p
     pool = PoolView.anonymous(2 * n, bb)
     for i, (_, payload) in enumerate(blocks):
         pool.block(i)[:] = payload
+    poison = b"\xa5" * bb  # the load slots touched too: a real pool is resident (pinned)
+    for i in range(n, 2 * n):
+        pool.block(i)[:] = poison
     ctx = TierContext(pool, _namespace(bb), clock=time.monotonic, name="bench")
     tier = S3Tier(ctx, _options(server, prefix, concurrency=concurrency, client=client,
                                 layout={"packing": packing}))

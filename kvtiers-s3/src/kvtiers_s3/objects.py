@@ -29,9 +29,9 @@ import asyncio
 import bisect
 import contextlib
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kvtiers.jobs import FailureReason
 
@@ -39,6 +39,7 @@ from kvtiers_s3.settings import S3Settings
 
 __all__ = ["ObjectInfo", "ObjectStore", "classify", "describe"]
 
+T = TypeVar("T")
 LIST_CONCURRENCY = 32
 #: a listing expected to take at most this many pages is read page after page
 SEQUENTIAL_PAGES = 8
@@ -171,6 +172,44 @@ class ObjectStore:
             return None
         return ObjectInfo(name, int(found.get("size") or 0), _mtime(found))
 
+    @property
+    def streams(self) -> bool:
+        """`stream` is available (S3 through boto3)."""
+        return self._boto3 is not None
+
+    async def stream(self, name: str, start: int, end: int,
+                     consume: Callable[[Any], T]) -> T:
+        """GET bytes [start, end) of the object and hand the body (a file-like with
+        `read(n)` and `readinto(buffer)`) to `consume`, on the request's thread:
+        the bytes go where `consume` puts them (a pool slot), not through a copy.
+        If the call is cancelled, the thread still runs to its end before the
+        cancellation goes on: what `consume` writes to is never written later."""
+        from botocore.exceptions import ClientError
+        from s3fs.errors import translate_boto_error
+
+        if self._boto3 is None:
+            raise NotImplementedError("stream needs the boto3 client")
+        bucket, key = self._split(name)
+        client = self._boto3.client
+
+        def run() -> T:
+            try:
+                resp = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+            except ClientError as exc:
+                raise translate_boto_error(exc) from exc
+            body = resp["Body"]
+            try:
+                return consume(body)
+            finally:
+                body.close()
+
+        fut = asyncio.get_running_loop().run_in_executor(self._boto3.pool, run)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.wait([fut])
+            raise
+
     async def size(self, name: str) -> int | None:
         """The object's size, or None when there is no such object."""
         if self.settings.is_s3:
@@ -285,7 +324,9 @@ class _Boto3:
 
         from kvtiers_s3.connect import boto3_client
 
-        self.client = boto3_client(settings, max_pool_connections=threads)
+        # A socket read never waits longer than a request may take.
+        self.client = boto3_client(settings, max_pool_connections=threads,
+                                   read_timeout=min(30.0, settings.timeout_s))
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="kvtiers-s3-boto3")
 
     async def call(self, method: str, read: bool, kwargs: dict[str, Any]) -> Any:

@@ -298,6 +298,11 @@ class Transfers:
         plan: LoadPlan = job.state
         obj, read = plan.reads[leader]
         try:
+            if self.store.streams:  # straight into the slots, checked there
+                placed = await asyncio.wait_for(self.store.stream(
+                    obj.name, read.start, read.end,
+                    lambda body: self._place_stream(job, obj, read, body)), self._timeout(job))
+                return self._settle_placed(job, obj, read, placed, leader)
             data = await asyncio.wait_for(self.store.get(obj.name, read.start, read.end),
                                           self._timeout(job))
         except Exception as exc:  # noqa: BLE001 - every failure is a reason, never raised
@@ -310,11 +315,56 @@ class Transfers:
                 plan.outcomes[i] = reason
             return reason
         placed = await self._off_loop(self._place_all, job, obj, read, data)
+        return self._settle_placed(job, obj, read, placed, leader)
+
+    def _settle_placed(self, job: Job, obj: StoredObject, read: Read, placed: list[Outcome],
+                       leader: int) -> Outcome:
+        plan: LoadPlan = job.state
         for (i, _, _), outcome in zip(read.members, placed, strict=True):
             plan.outcomes[i] = outcome
             if outcome is not None:
                 self._settle_bad(obj, job.keys[i], outcome)
         return plan.outcomes[leader]
+
+    def _place_stream(self, job: Job, obj: StoredObject, read: Read, body: Any) -> list[Outcome]:
+        """On the request's thread: read the records of `read` from `body` in order,
+        each block straight into its slot, each slot verified."""
+        out: list[Outcome] = []
+        pos = 0
+        for i, rel, length in read.members:
+            if rel > pos and len(_read_exact(body, rel - pos)) < rel - pos:
+                out.append(self._bad(obj, True, "the object ended early"))
+                pos = rel
+                continue
+            out.append(self._place_from(job, i, obj, body, length))
+            pos = rel + length
+        return out
+
+    def _place_from(self, job: Job, i: int, obj: StoredObject, body: Any,
+                    length: int) -> Outcome:
+        key = job.keys[i]
+        head_len = codec.header_bytes(len(key))
+        head = _read_exact(body, head_len)
+        try:
+            header = codec.decode_header(head, self.fingerprint)
+        except FormatError as exc:
+            _read_exact(body, length - len(head))  # keep the stream at the next record
+            return self._bad(obj, exc.reason in BROKEN, str(exc))
+        if header.key != key or header.payload_bytes != self.block_bytes \
+                or header.record_bytes != length:
+            _read_exact(body, length - len(head))
+            return self._bad(obj, True, "the record is not this block's")
+        member = obj.members.get(key)
+        if member is not None and member.checksum is not None \
+                and member.checksum != header.checksum:
+            _read_exact(body, length - len(head))
+            return self._bad(obj, True, "the record does not match the segment index")
+        slot = self.ctx.pool.block(job.slots[i])
+        if _readinto_exact(body, slot) < len(slot):
+            return self._bad(obj, True, "truncated: the object ended inside the block")
+        if not verify(slot, header.checksum):
+            return self._bad(obj, True, "block checksum mismatch")
+        return None
 
     def _place_all(self, job: Job, obj: StoredObject, read: Read,
                    data: bytes) -> list[Outcome]:
@@ -375,3 +425,26 @@ def _engine_failure(job: Job) -> FailureReason:
     """Why a request the engine never ran (or cut short) failed, for its other keys."""
     return FailureReason.TIMEOUT if job.expired() else FailureReason.CLOSED
 
+
+def _read_exact(body: Any, n: int) -> bytes:
+    """Up to `n` bytes (fewer only at the end of the body)."""
+    parts, left = [], n
+    while left > 0:
+        chunk = body.read(left)
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _readinto_exact(body: Any, dest: memoryview) -> int:
+    """Fill `dest` from `body`; the bytes read (fewer only at the end of the body)."""
+    view = memoryview(dest).cast("B")
+    got = 0
+    while got < len(view):
+        n = body.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got

@@ -183,7 +183,8 @@ def unknown_name_message(
 
 
 # Tiers we ship as separate distributions: an install hint when they are missing.
-_KNOWN_DISTRIBUTIONS = {"fs": "kvtiers-fs", "s3": "kvtiers-s3", "p2p": "kvtiers-p2p"}
+_KNOWN_DISTRIBUTIONS = {"fs": "kvtiers-fs", "s3": "kvtiers-s3", "obj": "kvtiers-s3",
+                        "p2p": "kvtiers-p2p"}
 
 
 def install_hint(tier: str) -> str | None:
