@@ -21,15 +21,20 @@ $(STAMP): requirements-dev.txt $(DISTS)
 
 setup: $(STAMP)
 
+# The test command: lint (ruff, mypy strict), then the whole suite.
 test: setup
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy $(TYPED_PATHS)
 	$(BIN)/python -m pytest -q tests
 
 bench: setup
 	$(BIN)/kvtiers bench
 
-# ruff with the rules of pyproject.toml, mypy strict on the distributions' sources.
+# ruff with the rules of pyproject.toml, mypy strict on the distributions' sources
+# and on the example tiers docs/plugins.md shows (what authors copy must type-check).
 LINT_PATHS := $(dir $(DISTS)) tests bench examples
-TYPED_PATHS := $(addsuffix src,$(dir $(DISTS)))
+TYPED_PATHS := $(addsuffix src,$(dir $(DISTS))) examples/kvtiers-scratch/src \
+	examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src
 
 lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)

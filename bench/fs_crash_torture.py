@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""Crash torture of the fs tier, longer than CI's: a writer process stores random
-blocks and is killed with SIGKILL at a random instant, then the tier is opened again
+"""Crash torture of the fs tier, longer than CI's: writer processes store random
+blocks and are killed with SIGKILL at random instants, then the tier is opened again
 on the same root and checked - the checks of tests/fs/test_crash.py, many more times.
 
-    .venv/bin/python bench/fs_crash_torture.py                      # 500 + 500 cycles
+    .venv/bin/python bench/fs_crash_torture.py                      # 500 cycles a mode
     .venv/bin/python bench/fs_crash_torture.py --cycles 2000 --dir /var/tmp/torture
 
-Two modes, each on its own root: `keep` (capacity never reached: every block the
-writer was told was stored must be found after every restart, with its bytes) and
-`evict` (a 48-block tier, so nearly every store evicts and recycles a file: usage
-stays exact and within capacity, and no torn or wrong block is ever served). After
-every restart: no intent of the dead writer left, no temporary file left, usage
-equal to the bytes of the complete block files, every block in the index loads with
-its bytes. Exit 1 at the first failure, naming the cycle. Run from the repository
-root (it uses the tests' writer and checks).
+Three modes, each on its own root: `keep` (capacity never reached: every block the
+writer was told was stored must be found after every restart, with its bytes);
+`shared` (two writers storing keys of one small key space at the same time, each
+killed at its own instant: a store of a key the other writer has in flight waits
+for that write and is reported only once a copy is committed - every block either
+writer was told was stored must be found); and `evict` (a 48-block tier, so nearly
+every store evicts and recycles a file: usage stays exact and within capacity, and
+no torn or wrong block is ever served). After every restart: no intent of a dead
+writer left, no temporary file left, usage equal to the bytes of the complete block
+files, every block in the index loads with its bytes. `shared` ends with a run whose
+writers are not killed, to count how many stores waited for the other writer (so
+the mode is known to exercise that). Exit 1 at the first failure, naming the cycle.
+Run from the repository root (it uses the tests' writer and checks).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import platform
 import random
 import sys
 import tempfile
@@ -30,13 +36,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import kvtiers_fs.store as store_mod  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 
-import kvtiers_fs.store as store_mod  # noqa: E402
-from tests.fs.child import read_log  # noqa: E402
-from tests.fs.test_crash import _check_restart, _kill_cycle  # noqa: E402
+from tests.fs.child import read_log, writer  # noqa: E402
+from tests.fs.test_crash import BLOCK, _check_restart, _kill_cycle, _kill_two_cycle  # noqa: E402
 
-MODES = {"keep": 1 << 20, "evict": 48}  # capacity in blocks
+MODES = {"keep": 1 << 20, "shared": 1 << 20, "evict": 48}  # capacity in blocks
 
 
 def torture(mode: str, cycles: int, base: Path, seed: int, progress: Progress) -> dict[str, Any]:
@@ -54,9 +60,16 @@ def torture(mode: str, cycles: int, base: Path, seed: int, progress: Progress) -
     try:
         for cycle in range(cycles):
             log = base / f"{mode}.log{cycle}"
-            _kill_cycle(mp, children, root, capacity, seed * 100_000 + cycle, log, rng)
-            if mode == "keep":
-                reported |= set(read_log(str(log)))
+            if mode == "shared":
+                logs = (log, base / f"{mode}.log{cycle}b")
+                _kill_two_cycle(mp, children, root, capacity, seed * 100_000 + cycle, logs,
+                                rng, key_base=cycle * 1000)
+                for one in logs:
+                    reported |= set(read_log(str(one)))
+            else:
+                _kill_cycle(mp, children, root, capacity, seed * 100_000 + cycle, log, rng)
+                if mode == "keep":
+                    reported |= set(read_log(str(log)))
             try:
                 _check_restart(root, capacity, reported, verified)
             except AssertionError as exc:
@@ -68,17 +81,43 @@ def torture(mode: str, cycles: int, base: Path, seed: int, progress: Progress) -
             if p.is_alive():
                 p.kill()
             p.join(10)
-    return {"mode": mode, "capacity_blocks": capacity, "cycles": cycles,
-            # evict: blocks reported stored may be evicted since, so they are not tracked
-            "blocks_reported_stored": len(reported) if mode == "keep" else None,
-            "blocks_verified": len(verified),
-            "seconds": round(time.perf_counter() - start, 1)}
+    row: dict[str, Any] = {
+        "mode": mode, "capacity_blocks": capacity, "cycles": cycles,
+        # evict: blocks reported stored may be evicted since, so they are not tracked
+        "blocks_reported_stored": len(reported) if mode != "evict" else None,
+        "blocks_verified": len(verified),
+        "seconds": round(time.perf_counter() - start, 1)}
+    if mode == "shared":
+        row["stores_that_waited_for_the_other_writer"] = _count_waits(mp, base)
+    return row
+
+
+def _count_waits(mp: Any, base: Path) -> int:
+    """Two writers as in a `shared` cycle, not killed: how many of their stores
+    waited for the other's write of the same key."""
+    root = base / "shared-waits"
+    root.mkdir()
+    queue = mp.Queue()
+    procs = []
+    for i in range(2):
+        ready = mp.Event()
+        p = mp.Process(target=writer, args=(str(root), 1 << 20, 7 + i, str(base / f"w{i}"),
+                                            ready),
+                       kwargs={"rotate_bytes": 8192, "block_bytes": BLOCK, "key_space": 96,
+                               "in_flight": 3, "jobs": 60, "result_queue": queue})
+        p.start()
+        procs.append((p, ready))  # (the event must outlive the child's start)
+    reports = [queue.get(timeout=300) for _ in procs]
+    for p, _ in procs:
+        p.join(30)
+    return sum(int(r["waited"]) for r in reports)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cycles", type=int, default=500, help="kill cycles per mode")
-    p.add_argument("--modes", default="keep,evict", help="comma list of: keep, evict")
+    p.add_argument("--modes", default="keep,shared,evict",
+                   help="comma list of: keep, shared, evict")
     p.add_argument("--dir", default=None, help="where the roots go (default: a temp dir "
                    "under /var/tmp, removed at the end)")
     p.add_argument("--seed", type=int, default=1)
@@ -90,17 +129,23 @@ def main() -> None:
     if unknown:
         p.error(f"unknown mode(s) {sorted(unknown)}; allowed: {', '.join(MODES)}")
     store_mod.ROTATE_MIN_BYTES = 8192  # journal rotations happen during the run too
-    with tempfile.TemporaryDirectory(prefix="kvfs-torture-", dir=args.dir or "/var/tmp") as d:
-        with Progress(disable=not sys.stderr.isatty()) as progress:
-            rows = [torture(m, args.cycles, Path(d), args.seed, progress) for m in modes]
+    with tempfile.TemporaryDirectory(prefix="kvfs-torture-", dir=args.dir or "/var/tmp") as d, \
+            Progress(disable=not sys.stderr.isatty()) as progress:
+        rows = [torture(m, args.cycles, Path(d), args.seed, progress) for m in modes]
+    print(f"{'mode':>6} {'cycles':>7} {'seconds':>8} {'reported stored':>16} "
+          f"{'verified':>9} {'waited':>7}")
     for r in rows:
-        reported = (f"{r['blocks_reported_stored']} blocks reported stored (all found), "
-                    if r["mode"] == "keep" else "")
-        print(f"{r['mode']:>5}: {r['cycles']} kill -9 cycles in {r['seconds']} s, {reported}"
-              f"{r['blocks_verified']} blocks verified after restarts: all checks passed")
+        reported = r["blocks_reported_stored"]
+        waited = r.get("stores_that_waited_for_the_other_writer", "")
+        print(f"{r['mode']:>6} {r['cycles']:>7} {r['seconds']:>8} "
+              f"{'-' if reported is None else str(reported) + ' (all found)':>16} "
+              f"{r['blocks_verified']:>9} {waited:>7}")
+    print("all checks passed after every restart")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "runs": rows},
-                                          indent=1) + "\n")
+    machine = f"{platform.node()}: {platform.machine()}, {multiprocessing.cpu_count()} cores, " \
+              f"Python {platform.python_version()}"
+    Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "machine": machine,
+                                           "runs": rows}, indent=1) + "\n")
     print("wrote", args.json)
 
 

@@ -4,9 +4,11 @@ on a root and log the keys the tier reported stored."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 from kvtiers.jobs import TransferJob
@@ -19,10 +21,12 @@ _ids = iter(range(1, 1 << 62))
 
 def writer(root: str, capacity_blocks: int, seed: int, log_path: str, ready: Any,
            rotate_bytes: int = 0, jobs: int = 0, key_space: int = 0,
-           result_queue: Any = None, in_flight: int = 4, block_bytes: int = BB) -> None:
+           result_queue: Any = None, in_flight: int = 4, block_bytes: int = BB,
+           key_base: int = 0) -> None:
     """Store random blocks forever (or `jobs` jobs), `in_flight` jobs at a time of
     1-8 blocks each; after each job, append the keys reported ok to `log_path`, one
-    hex line per key, with one write(2)."""
+    hex line per key, with one write(2). With `key_space`, keys are drawn from
+    `key_base + range(key_space)` (writers sharing one store the same keys)."""
     if rotate_bytes:
         import kvtiers_fs.store as store_mod
 
@@ -38,8 +42,9 @@ def writer(root: str, capacity_blocks: int, seed: int, log_path: str, ready: Any
         for j in range(in_flight):
             n = rng.randint(1, 8)
             if key_space:
-                keys = list(dict.fromkeys(make_key(rng.randrange(key_space).to_bytes(16, "big"))
-                                          for _ in range(n)))
+                keys = list(dict.fromkeys(
+                    make_key((key_base + rng.randrange(key_space)).to_bytes(16, "big"))
+                    for _ in range(n)))
             else:
                 keys = [make_key(rng.randbytes(16)) for _ in range(n)]
             slots = list(range(8 * j, 8 * j + len(keys)))
@@ -61,19 +66,113 @@ def writer(root: str, capacity_blocks: int, seed: int, log_path: str, ready: Any
     tier.close()
     if result_queue is not None:
         result_queue.put({"evictions": stats.evictions, "errors": dict(stats.errors),
-                          "written": stats.blocks_written})
+                          "written": stats.blocks_written,
+                          "waited": sum(s.waited for s in tier.stores)})
+
+
+def die_half_way(root: str, keys: list[bytes], block_bytes: int, ready: Any) -> None:
+    """Store keys[0]; then reserve keys[1:], write half of keys[1]'s temporary file
+    and all of keys[2]'s file (renamed into place), commit neither, and wait to be
+    killed: the state a writer killed between writing and committing leaves."""
+    from kvtiers_fs import layout
+
+    ctx = context(block_bytes, 8, clock=time.monotonic)
+    tier = open_tier(ctx, root, 100)
+    ctx.pool.block(0)[:] = block_data(keys[0], block_bytes)
+    tier.submit_store(TransferJob(next(_ids), keys[:1], [0]))
+    while not tier.get_finished_jobs():
+        time.sleep(0.001)
+    store = tier.stores[0]
+    idns = [layout.ident(k) for k in keys[1:]]
+    store.reserve([(i, layout.file_bytes(block_bytes)) for i in idns])
+    shard = store.shard_fd(idns[0], create=True)
+    fd = os.open(layout.tmp_name(idns[0], store.writer), os.O_WRONLY | os.O_CREAT, 0o600,
+                 dir_fd=shard)
+    os.write(fd, os.urandom(1000))
+    os.close(fd)
+    os.close(shard)
+    ctx.pool.block(1)[:] = block_data(keys[2], block_bytes)
+    shard = store.shard_fd(idns[1], create=True)
+    tier._io[0].write(shard, idns[1], keys[2], store.writer, ctx.pool.block(1))
+    os.close(shard)
+    ready.put(store.writer)
+    time.sleep(3600)
+
+
+def stop_while_writing(root: str, keys: list[bytes], block_bytes: int, log_path: str,
+                       ready: Any) -> None:
+    """Store `keys` (one job), stopping this whole process with SIGSTOP as soon as
+    the temporary file of the first block is created (before a byte is written);
+    after a SIGCONT, finish, log the keys reported ok (as `writer` does) and exit."""
+    import signal
+
+    import kvtiers_fs.blockio as blockio
+
+    real = blockio._pwritev_all
+    stopped = []
+
+    def stop_then_write(fd: int, buffers: Any, offset: int) -> None:
+        if not stopped:
+            stopped.append(True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        real(fd, buffers, offset)
+
+    blockio._pwritev_all = stop_then_write  # type: ignore[assignment]
+    ctx = context(block_bytes, 8, clock=time.monotonic)
+    # One store thread: the job's blocks are written one after the other, so the
+    # stop comes before any other block of the job is written.
+    tier = open_tier(ctx, root, 100, threads={"load": 1, "store": 1})
+    ready.put(tier.stores[0].writer)
+    for slot, key in enumerate(keys):
+        ctx.pool.block(slot)[:] = block_data(key, block_bytes)
+    tier.submit_store(TransferJob(next(_ids), keys, list(range(len(keys)))))
+    results: list[Any] = []
+    while not results:
+        results = tier.get_finished_jobs()
+        time.sleep(0.001)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(log, b"".join(k.hex().encode() + b"\n" for k in results[0].ok))
+    os.close(log)
+    tier.close()
+
+
+def die_while_rotating(root: str, keys: list[bytes], block_bytes: int, ready: Any) -> None:
+    """Store `keys`, then rotate the journal and SIGKILL this process at the moment
+    it would append the ROTATE record (its new snapshot is in place by then)."""
+    import signal
+
+    import kvtiers_fs.generations as generations
+    import kvtiers_fs.journal as jr
+    import kvtiers_fs.store as store_mod
+
+    ctx = context(block_bytes, len(keys), clock=time.monotonic)
+    tier = open_tier(ctx, root, 1000)
+    for slot, key in enumerate(keys):
+        ctx.pool.block(slot)[:] = block_data(key, block_bytes)
+    tier.submit_store(TransferJob(next(_ids), keys, list(range(len(keys)))))
+    while not tier.get_finished_jobs():
+        time.sleep(0.001)
+    real = generations.Journal.append
+
+    def append(self: Any, records: Any) -> None:
+        if records and records[0].op == jr.ROTATE:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(self, records)
+
+    generations.Journal.append = append  # type: ignore[method-assign]
+    store_mod.ROTATE_FACTOR = 0
+    ready.put(True)
+    tier.stores[0]._rotate(0)
 
 
 def read_log(path: str) -> list[bytes]:
     """Keys a writer logged; a line cut by a kill is ignored."""
     try:
-        data = open(path, "rb").read()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         return []
     keys = []
     for line in data.split(b"\n")[:-1]:  # the part after the last newline is unfinished
-        try:
+        with contextlib.suppress(ValueError):
             keys.append(bytes.fromhex(line.decode()))
-        except ValueError:
-            pass
     return keys

@@ -15,7 +15,7 @@ from typing import Any
 from kvtiers.keys import BlockKey
 from kvtiers.testing import JobTracker, make_context, make_namespace
 from kvtiers.tier import TierContext
-
+from kvtiers_fs import layout
 from kvtiers_fs.tier import FsTier
 
 BB = 16384  # block bytes of most tests
@@ -64,13 +64,27 @@ def load_and_check(tier: FsTier, keys: list[BlockKey], first_slot: int = 0) -> A
     return result
 
 
+def intact_header(key: BlockKey, namespace: str, block_bytes: int, digest: int,
+                  version: int = layout.LAYOUT_VERSION) -> bytes:
+    """A well-formed header (its own checksum right) - of another layout version
+    when `version` says so: what a newer kvtiers-fs would write."""
+    import xxhash
+
+    raw = bytearray(layout.pack_header(key, namespace, block_bytes, digest))
+    raw[8:12] = version.to_bytes(4, "little")
+    body = bytes(raw[:-8])
+    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+
+
 def disk_files(ns_dir: Path) -> tuple[int, int, int]:
     """(block files, their bytes, temporary files) under a namespace directory."""
     blocks = nbytes = tmps = 0
     for shard in (ns_dir / "blocks").iterdir() if (ns_dir / "blocks").exists() else ():
+        if shard.is_symlink():
+            continue  # planted by a test: what is behind it is not the tier's
         try:
             entries = list(os.scandir(shard))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             continue
         for e in entries:
             try:

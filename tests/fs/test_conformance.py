@@ -7,7 +7,6 @@ import os
 
 from kvtiers import SecondaryTier, TierContext
 from kvtiers.testing import TierConformance
-
 from kvtiers_fs.tier import FsTier
 
 

@@ -11,14 +11,13 @@ import shutil
 import threading
 from pathlib import Path
 
+import kvtiers_fs.blockio as blockio
 import pytest
-
 from kvtiers.clock import ManualClock
 from kvtiers.jobs import FailureReason
 from kvtiers.lookup import LookupResult
 from kvtiers.testing import JobTracker, random_keys, resolve_lookup, snapshot
 
-import kvtiers_fs.blockio as blockio
 from tests.fs.helpers import (
     context,
     disk_files,
@@ -72,9 +71,9 @@ def test_enospc_on_a_real_small_filesystem(tmp_path: Path,
 def test_read_only_root_is_refused_when_the_tier_is_built(tmp_path: Path) -> None:
     from kvtiers.errors import ConfigError
 
-    with mounted("tmpfs", tmp_path / "root", "1m") as root, read_only(root):
-        with pytest.raises(ConfigError, match="read-only filesystem"):
-            open_tier(context(), root)
+    with (mounted("tmpfs", tmp_path / "root", "1m") as root, read_only(root),
+          pytest.raises(ConfigError, match="read-only filesystem")):
+        open_tier(context(), root)
 
 
 def test_an_unwritable_journal_fails_stores_and_serves_loads(tmp_path: Path) -> None:

@@ -8,14 +8,23 @@ import stat
 from pathlib import Path
 
 import pytest
-
+from kvtiers.integrity import checksum
 from kvtiers.jobs import FailureReason
 from kvtiers.keys import make_key
-from kvtiers.testing import random_keys, resolve_lookup
 from kvtiers.lookup import LookupResult
-
+from kvtiers.testing import random_keys, resolve_lookup
 from kvtiers_fs import layout
-from tests.fs.helpers import BB, FILE, context, load_and_check, ns_dir, open_tier, store_keys
+
+from tests.fs.helpers import (
+    BB,
+    FILE,
+    context,
+    intact_header,
+    load_and_check,
+    ns_dir,
+    open_tier,
+    store_keys,
+)
 
 
 @pytest.fixture
@@ -34,11 +43,18 @@ def test_header_round_trip_and_checks() -> None:
     with pytest.raises(layout.HeaderError) as err:
         layout.parse_header(bytes(damaged))
     assert not err.value.foreign
-    other = bytearray(raw)
-    other[8:12] = (layout.LAYOUT_VERSION + 1).to_bytes(4, "little")
+    # An intact header of another layout version is foreign ...
+    other = intact_header(key, "a" * 32, 12345, 0xDEADBEEF, layout.LAYOUT_VERSION + 1)
     with pytest.raises(layout.HeaderError) as err:
-        layout.parse_header(bytes(other))
+        layout.parse_header(other)
     assert err.value.foreign
+    # ... but a flipped bit in the version field is damage: the header's own checksum
+    # is checked before its version (issue 11, item 3).
+    flipped = bytearray(raw)
+    flipped[8] ^= 1
+    with pytest.raises(layout.HeaderError) as err:
+        layout.parse_header(bytes(flipped))
+    assert not err.value.foreign
 
 
 def test_files_are_aligned_private_and_complete(root: Path) -> None:
@@ -101,17 +117,15 @@ def test_a_header_of_another_namespace_or_version_is_never_data(root: Path) -> N
         for key, patch in zip(keys, ("namespace", "version"), strict=True):
             path = Path(tier.block_path(key))
             data = bytearray(path.read_bytes())
+            # Well-formed headers (their own checksum right) with a correct checksum
+            # of the very same block bytes: of another namespace, of another layout
+            # version (intact: checksummed as such). Still not ours.
+            digest = checksum(bytes(data[4096:4096 + BB]))
             if patch == "namespace":
-                body = layout.pack_header(key, "f" * 32, BB, 0)
-                # A well-formed header of another namespace, with a correct checksum
-                # of the very same block bytes: still not ours.
-                from kvtiers.integrity import checksum
-
-                body = layout.pack_header(key, "f" * 32, BB, checksum(bytes(data[4096:4096 + BB])))
+                body = layout.pack_header(key, "f" * 32, BB, digest)
             else:
-                body = bytearray(data[: 4096])
-                body[8:12] = (layout.LAYOUT_VERSION + 7).to_bytes(4, "little")
-                body = bytes(body)
+                body = intact_header(key, ctx.namespace.fingerprint, BB, digest,
+                                     layout.LAYOUT_VERSION + 7)
             data[: len(body)] = body
             path.write_bytes(bytes(data))
         before = {k: Path(tier.block_path(k)).read_bytes() for k in keys}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from kvtiers.lookup import LookupResult
 from kvtiers.testing import random_keys, resolve_lookup
-
 from kvtiers_fs import list_namespaces
+
 from tests.fs.helpers import FILE, context, load_and_check, ns_dir, open_tier, store_keys
 
 

@@ -7,13 +7,12 @@ import json
 import os
 from pathlib import Path
 
+import kvtiers_fs.blockio as blockio
 import pytest
-
 from kvtiers.config import load_config
 from kvtiers.errors import ConfigError
 from kvtiers.testing import random_keys
 
-import kvtiers_fs.blockio as blockio
 from tests.fs.helpers import context, load_and_check, mounted, open_tier, store_keys
 
 
@@ -56,9 +55,9 @@ def test_each_bad_root_of_a_list_is_named(tmp_path: Path) -> None:
 def test_unwritable_root_is_reported_at_validation(tmp_path: Path) -> None:
     from tests.fs.helpers import read_only
 
-    with mounted("tmpfs", tmp_path / "ro", "1m") as root, read_only(root):
-        with pytest.raises(ConfigError, match="not writable"):
-            load_config(_doc(root_dir=str(root)))
+    with (mounted("tmpfs", tmp_path / "ro", "1m") as root, read_only(root),
+          pytest.raises(ConfigError, match="not writable")):
+        load_config(_doc(root_dir=str(root)))
     # ... unless validating for another machine.
     load_config(_doc(root_dir="/does/not/exist"), check_machine=False)
 

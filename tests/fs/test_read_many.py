@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import kvtiers_fs.blockio as blockio
 import pytest
-
 from kvtiers.jobs import FailureReason
 from kvtiers.testing import random_keys
-
-import kvtiers_fs.blockio as blockio
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import ReadOutcome
+
 from tests.fs.helpers import BB, block_data, context, load_and_check, open_tier, store_keys
 
 pytestmark = pytest.mark.skipif(blockio._readmany is None or not layout.has_openat2(),

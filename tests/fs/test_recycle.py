@@ -9,13 +9,12 @@ import os
 from pathlib import Path
 
 import pytest
-
 from kvtiers.jobs import FailureReason
 from kvtiers.keys import make_key
-
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import ReadOutcome
 from kvtiers_fs.store import Verdict
+
 from tests.fs.helpers import (
     FILE,
     context,

@@ -4,17 +4,16 @@ temporary files and intents are cleaned up at start-up."""
 
 from __future__ import annotations
 
-import fcntl
-import os
 from pathlib import Path
-
-import pytest
-
-from kvtiers.lookup import LookupResult
-from kvtiers.testing import random_keys, resolve_lookup
+from typing import Any
 
 import kvtiers_fs.store as store_mod
+import pytest
+from kvtiers.lookup import LookupResult
+from kvtiers.testing import random_keys, resolve_lookup
 from kvtiers_fs import layout
+
+from tests.fs.child import die_half_way
 from tests.fs.helpers import context, disk_files, load_and_check, ns_dir, open_tier, store_keys
 
 N = 20_000
@@ -98,41 +97,73 @@ def test_damaged_journal_is_rebuilt_not_trusted(tmp_path: Path) -> None:
         tier.close()
 
 
-def test_dead_writer_leftovers_are_cleaned_at_start_up(tmp_path: Path) -> None:
+def test_dead_writer_leftovers_are_cleaned_at_start_up(mp: Any, children: list[Any],
+                                                       tmp_path: Path) -> None:
+    """A real writer process is killed (SIGKILL) after reserving two blocks, one
+    half written, one complete and renamed but not committed: the next start-up
+    removes the temporary file, commits the complete block (verified) and aborts
+    the other."""
     root = tmp_path / "root"
     root.mkdir()
-    ctx = context(BLOCK)
-    tier = open_tier(ctx, root, 100)
     keys = random_keys(3)
-    assert store_keys(tier, keys[:1]).success
-    store = tier.stores[0]
-    # A writer dies after reserving two blocks: one half written, one renamed.
-    idns = [layout.ident(k) for k in keys[1:]]
-    verdicts, _ = store.reserve([(i, FILE) for i in idns])
-    shard = store.shard_fd(idns[0], create=True)
-    fd = os.open(layout.tmp_name(idns[0], store.writer), os.O_WRONLY | os.O_CREAT, 0o600,
-                 dir_fd=shard)
-    os.write(fd, os.urandom(1000))
-    os.close(fd)
-    os.close(shard)
-    tier.ctx.pool.block(0)[:] = os.urandom(BLOCK)
-    shard = store.shard_fd(idns[1], create=True)
-    tier._io[0].write(shard, idns[1], keys[2], store.writer, tier.ctx.pool.block(0))
-    os.close(shard)
-    fcntl.flock(store._me_fd, fcntl.LOCK_UN)  # ... and the kernel drops its lock
-    for f in (store._jfd, store._lock_fd):
-        os.close(f)
-    store._jfd = store._lock_fd = -1
-    tier._pool.close()
-    tier._probe.close()
+    queue = mp.Queue()
+    proc = mp.Process(target=die_half_way, args=(str(root), keys, BLOCK, queue), daemon=True)
+    children.append(proc)
+    proc.start()
+    writer = queue.get(timeout=30)
+    proc.kill()
+    proc.join(10)
+    ctx = context(BLOCK)
+    assert disk_files(ns_dir(root, ctx))[2] == 1  # the half-written temporary file
 
-    other = open_tier(context(BLOCK), root, 100)
+    other = open_tier(ctx, root, 100)
     try:
         blocks, nbytes, tmps = disk_files(ns_dir(root, ctx))
         assert tmps == 0, "a dead writer's temporary file survived start-up"
         assert (blocks, other.stats().usage_bytes) == (2, 2 * FILE)
+        inv = other.inventory()
+        assert inv.keys() == {keys[0], keys[2]} and inv.reserved_blocks == 0
         assert resolve_lookup(other, keys[1]) is LookupResult.MISS
         assert resolve_lookup(other, keys[2]) is LookupResult.HIT
-        assert not (ns_dir(root, ctx) / "writers" / f"{store.writer:016x}").exists()
+        assert load_and_check(other, [keys[0], keys[2]]).success
+        assert not (ns_dir(root, ctx) / "writers" / f"{writer:016x}").exists()
+    finally:
+        other.close()
+
+
+def test_a_dead_writer_whose_shard_became_a_symlink_is_still_settled(
+        mp: Any, children: list[Any], tmp_path: Path) -> None:
+    """Settling a dead writer meets a symlink planted as the shard of one of its
+    intents: that intent is aborted, the others settled, nothing left pending - not
+    an exception half way (issue 11, item 2)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    keys = random_keys(3)
+    queue = mp.Queue()
+    proc = mp.Process(target=die_half_way, args=(str(root), keys, BLOCK, queue), daemon=True)
+    children.append(proc)
+    proc.start()
+    queue.get(timeout=30)
+    proc.kill()
+    proc.join(10)
+    ctx = context(BLOCK)
+    shards = [ns_dir(root, ctx) / "blocks" / layout.shard_of(layout.ident(k)) for k in keys]
+    if len(set(shards)) < 3:
+        pytest.skip("the random keys share a shard")
+    shard = shards[1]
+    assert any(f.name.endswith(".tmp") for f in shard.iterdir())  # the dead writer's
+    for f in shard.iterdir():
+        f.unlink()
+    shard.rmdir()
+    shard.symlink_to(outside, target_is_directory=True)
+    other = open_tier(ctx, root, 100)
+    try:
+        assert other.stats().usage_bytes == 2 * FILE, "the dead writer's intents stayed"
+        inv = other.inventory()
+        assert inv.reserved_blocks == 0 and inv.keys() == {keys[0], keys[2]}
+        assert load_and_check(other, [keys[0], keys[2]]).success
+        assert list(outside.iterdir()) == []
     finally:
         other.close()

@@ -18,7 +18,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
-
 from kvtiers.plugins import Registry, load_registry
 from kvtiers.plugins.registry import ENTRY_POINT_GROUP
 from kvtiers.tier import CONTRACT_VERSION

@@ -10,7 +10,6 @@ import textwrap
 from typing import Any
 
 import pytest
-
 from kvtiers.errors import PluginError, UnknownNameError
 from kvtiers.plugins import Registry, TierRecord
 from kvtiers.plugins.registry import CORE_DISTRIBUTION, ENV_ALLOW, ENV_DISABLE

@@ -1,5 +1,7 @@
-"""A third-party plugin, end to end: built as a wheel, installed into a fresh venv,
-found through its entry point, selected by a config, and held to the conformance suite.
+"""Third-party plugins, end to end: built as wheels, installed into a fresh venv,
+found through their entry points, selected by a config, held to the conformance
+suite, and (the guide's first tier, kvtiers-scratch) run under `kvtiers bench` below
+a CPU pool, every loaded byte checked - what docs/plugins.md tells an author to run.
 
 The fresh venv reuses this environment's packages (torch, pluggy, pytest, ...) through a
 `.pth` line instead of reinstalling them, but gets its own kvtiers-core (a wheel of this
@@ -26,10 +28,14 @@ from typing import Any
 
 import pytest
 
+from ..bench.conftest import BLOCK, TINY, small_pool
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = ["kvtiers-core", "examples/kvtiers-sqlite", "examples/kvtiers-broken"]
+EXAMPLES = ["examples/kvtiers-scratch", "examples/kvtiers-sqlite"]
+SOURCES = ["kvtiers-core", *EXAMPLES, "examples/kvtiers-broken"]
+PLUGINS = {"kvtiers_broken.plugin", "kvtiers_scratch.plugin", "kvtiers_sqlite.plugin"}
 
 
 Proc = subprocess.CompletedProcess[str]
@@ -103,7 +109,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
 
 def test_the_outer_environment_does_not_have_the_plugin() -> None:
     """Otherwise the venv could be finding the plugin through the .pth line."""
-    for dist in ("kvtiers-sqlite", "kvtiers-broken"):
+    for dist in ("kvtiers-scratch", "kvtiers-sqlite", "kvtiers-broken"):
         module = dist.replace("-", "_")
         with contextlib.suppress(md.PackageNotFoundError):
             md.distribution(dist)
@@ -126,10 +132,8 @@ def test_the_venv_uses_its_own_installed_copies(venv: Venv) -> None:
         assert Path(path).is_relative_to(venv.site), path
     # The outer environment's own distributions (kvtiers-fs, editable) are visible
     # through the .pth line; the example plugins only through the wheels.
-    assert {"kvtiers_broken.plugin", "kvtiers_sqlite.plugin"} <= set(entry_points)
-    assert set(entry_points) - {"kvtiers_broken.plugin", "kvtiers_sqlite.plugin"} <= {
-        "kvtiers_fs.plugin"
-    }
+    assert set(entry_points) >= PLUGINS
+    assert set(entry_points) - PLUGINS <= {"kvtiers_fs.plugin"}
 
 
 def test_kvtiers_plugins_lists_the_plugin_and_the_broken_one(venv: Venv) -> None:
@@ -142,6 +146,8 @@ def test_kvtiers_plugins_lists_the_plugin_and_the_broken_one(venv: Venv) -> None
     sqlite = by_name["tier", "sqlite"]
     assert sqlite["distribution"] == "kvtiers-sqlite" and sqlite["version"] == "0.1.0"
     assert sqlite["status"] == "ok" and sqlite["error"] is None and sqlite["description"]
+    scratch = by_name["tier", "scratch"]
+    assert scratch["distribution"] == "kvtiers-scratch" and scratch["status"] == "ok"
 
     broken = by_name["plugin", "broken"]
     assert broken["distribution"] == "kvtiers-broken" and broken["status"] == "error"
@@ -164,8 +170,9 @@ def test_listing_plugins_imports_neither_the_tier_nor_torch(venv: Venv) -> None:
     probe = (
         "import sys\n"
         "from kvtiers.plugins import get_registry\n"
-        "assert 'sqlite' in get_registry().tiers\n"
-        "print(sorted(m for m in ('kvtiers_sqlite.tier', 'torch') if m in sys.modules))\n"
+        "assert {'scratch', 'sqlite'} <= set(get_registry().tiers)\n"
+        "tiers = ('kvtiers_scratch.tier', 'kvtiers_sqlite.tier', 'torch')\n"
+        "print(sorted(m for m in tiers if m in sys.modules))\n"
     )
     proc = venv.run("python", "-c", probe, cwd=venv.root)
     check(proc)
@@ -210,9 +217,42 @@ def test_kvtiers_validate_names_the_broken_plugin(venv: Venv, tmp_path: Path) ->
     assert "broken" in proc.stderr
 
 
-def test_the_example_passes_its_conformance_tests_in_the_venv(venv: Venv) -> None:
-    proc = venv.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    "examples/kvtiers-sqlite/tests")
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_the_example_passes_its_conformance_tests_in_the_venv(venv: Venv, example: str) -> None:
+    proc = venv.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{example}/tests")
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     passed = re.search(r"(\d+) passed", proc.stdout)
     assert passed and int(passed[1]) >= 10, proc.stdout[-2000:]  # the suite, not 0 tests
+
+
+SCRATCH_CONFIG = REPO / "examples" / "kvtiers-scratch" / "config.json"
+# 128 blocks: too few for the tiny workload (the tier evicts), enough to serve hits.
+CAPACITY = 128 * BLOCK
+
+
+def test_kvtiers_validate_accepts_the_guides_config(venv: Venv) -> None:
+    proc = venv.run("kvtiers", "validate", SCRATCH_CONFIG)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "scratch (kvtiers-scratch 0.1.0)" in proc.stdout
+
+
+def test_kvtiers_bench_runs_the_guides_tier_below_the_pool(venv: Venv, tmp_path: Path) -> None:
+    """docs/plugins.md's last step, on a workload of seconds: the guide's config with
+    a pool too small for the workload, so the tier stores, evicts and serves."""
+    doc = json.loads(SCRATCH_CONFIG.read_text())
+    [section] = doc["secondary_tiers"]
+    root = tmp_path / "scratch"
+    section.update(root_dir=str(root), capacity_bytes=CAPACITY)
+    doc["cpu_bytes_to_use"] = small_pool()
+    config, out = tmp_path / "config.json", tmp_path / "out.json"
+    config.write_text(json.dumps(doc))
+    proc = venv.run("kvtiers", "bench", "--config", config, *TINY, "--json", out)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "scratch (promoted)" in proc.stdout and "all match" in proc.stdout
+    run = json.loads(out.read_text())["result"]
+    assert run["verified"]["blocks"] > 0 and run["verified"]["mismatches"] == 0
+    tier = run["tiers"]["scratch"]
+    assert tier["promoted_hits"] > 0 and tier["bytes_read"] > 0 and tier["bytes_written"] > 0
+    assert tier["evictions"] > 0 and tier["usage_bytes"] <= CAPACITY  # bounded
+    assert tier["errors"] == {} and tier["tier_errors"] == {}
+    assert list(root.glob("*.kv")) == []  # closed at the end: its files went with it

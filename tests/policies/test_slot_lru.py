@@ -7,7 +7,6 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.policies.slot_lru import SlotLRUPolicy
 

@@ -1,7 +1,6 @@
 from collections.abc import Iterator
 
 import pytest
-
 from kvtiers.tier import SecondaryTier
 
 # Plain `assert`s in the conformance kit get pytest's detailed failure messages.

@@ -45,6 +45,7 @@ from kvtiers.tier_events import TierEvents
 
 if TYPE_CHECKING:
     from kvtiers.config.model import TierSection
+    from kvtiers.inventory import TierInventory
     from kvtiers.plugins.registry import Registry
     from kvtiers.policies.base import EvictionPolicy
 
@@ -189,16 +190,27 @@ class SecondaryTier(ABC):
 
     # Optional parts of the contract (scheduler thread, never blocking).
 
-    def touch(self, keys: Iterable[BlockKey]) -> None:
+    def touch(self, keys: Iterable[BlockKey]) -> None:  # noqa: B027 - optional, a no-op
         """The keys were used: refresh their recency. Default: nothing."""
 
-    def on_request_start(self, request_id: str, params: Mapping[str, Any] | None = None) -> None:
+    def on_request_start(  # noqa: B027 - optional, a no-op
+        self, request_id: str, params: Mapping[str, Any] | None = None
+    ) -> None:
         """An engine request started. `params` are the engine's per-request transfer
         parameters (vLLM's `kv_transfer_params`: peer roles and addresses for p2p),
         None when it has none. Default: nothing."""
 
-    def on_request_finished(self, request_id: str) -> None:
+    def on_request_finished(self, request_id: str) -> None:  # noqa: B027 - optional
         """An engine request finished. Default: nothing."""
+
+    def inventory(self, *, ages: bool = False) -> TierInventory:
+        """What the tier holds now: per namespace and place, its blocks (key, size,
+        when stored) and its committed and reserved bytes (`kvtiers.inventory`).
+        With `ages`, fill in `stored_at` even where that costs a metadata read per
+        block. For tests and tools (`kvtiers inspect` / `verify`): any thread but
+        the scheduler's; it may block on I/O and takes time proportional to the
+        blocks held. Default: NotImplementedError (the tier cannot enumerate)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list what it holds")
 
     def serve_external_requests(self, parent: ParentManager) -> None:
         """Called once, from the thread that builds the manager, for `serves_peers`

@@ -9,9 +9,11 @@ slot's padding. The checksum is computed here, from the slot bytes being written
 and verified here, on the bytes placed in the slot, before a load counts as done.
 
 A block becomes visible only complete: it is written under a temporary name and
-renamed with RENAME_NOREPLACE (link+unlink where the filesystem lacks it), so an
-existing file - another writer's - is never replaced, truncated or overwritten.
-`durable` adds fsync of the file before the rename and of the directory after.
+renamed with RENAME_NOREPLACE (link+unlink where the filesystem lacks it). A file
+already at the name is verified: the same block is kept, anything else (damage, a
+foreign or stale file) is replaced by one atomic rename - never truncated or
+overwritten in place. `durable` adds fsync of the file before the rename and of
+the directory after.
 
 Everything here raises OSError on I/O errors; the caller turns them into per-key
 failures.
@@ -27,6 +29,7 @@ import os
 import stat
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from kvtiers.integrity import checksum
 
@@ -37,11 +40,20 @@ O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _RENAME_NOREPLACE = 1
 _AT_FDCWD = -100
 
-try:  # the optional native helper (setup.py): a batch of loads, one GIL release
-    from kvtiers_fs import _readmany
-except ImportError:  # pragma: no cover - not built where no C compiler was found
-    _readmany = None  # type: ignore[assignment]
 
+
+def _native() -> Any:
+    """The optional native helper (setup.py): a batch of loads, one GIL release;
+    None where it was not built (no C compiler found)."""
+    try:
+        from kvtiers_fs import _readmany as native
+    except ImportError:  # pragma: no cover - not built
+        return None
+    return native
+
+
+_readmany: Any = _native()
+_renameat2: Any
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
     _renameat2 = _libc.renameat2
@@ -108,9 +120,11 @@ class BlockIO:
     def write(self, shard_fd: int, idn: bytes, key: bytes, writer: int,
               block: memoryview, recycled: bool = False) -> None:
         """Write `block` (a slot's block bytes) as the file of `idn`; visible only once
-        complete. An existing file of that name is kept (it is the same block).
-        `recycled`: an evicted block's file waits at the temporary name (see
-        `RootStore._recycle`); overwrite it whole rather than create a file."""
+        complete. The caller holds the intent for `idn` (no other writer writes that
+        name meanwhile). A file already at the name is kept only if it is a valid
+        copy of this very block (read and verified); anything else there is
+        replaced. `recycled`: an evicted block's file waits at the temporary name
+        (see `BlockDir.recycle`); overwrite it whole rather than create a file."""
         header, tail = _pages()
         digest = checksum(block)
         raw = layout.pack_header(key, self.namespace, self.block_bytes, digest)
@@ -132,10 +146,20 @@ class BlockIO:
             layout.unlink_quiet(tmp, shard_fd)
             raise
         os.close(fd)
+        name = layout.block_name(idn)
         try:
-            rename_noreplace(shard_fd, tmp, layout.block_name(idn))
-        except FileExistsError:
-            layout.unlink_quiet(tmp, shard_fd)  # the block is there already: keep it
+            try:
+                rename_noreplace(shard_fd, tmp, name)
+            except FileExistsError:
+                # The caller holds the only intent for this name, so whatever is there
+                # is no other writer's work in progress: a stale copy, or damage, or a
+                # foreign file (another namespace's, another layout's). Keep it only if
+                # it is this very block, verified; else it is ours to replace.
+                if verify_block_file(shard_fd, name, self.namespace, idn, self.file_bytes,
+                                     key=key, digest=digest) is None:
+                    layout.unlink_quiet(tmp, shard_fd)
+                else:
+                    os.rename(tmp, name, src_dir_fd=shard_fd, dst_dir_fd=shard_fd)
         except BaseException:
             layout.unlink_quiet(tmp, shard_fd)
             raise
@@ -203,8 +227,8 @@ class BlockIO:
 
         A file that fails verification is CORRUPT only if `path` still names it
         afterwards. Otherwise the block was evicted while we read - by another
-        process, whose eviction may hand the file to a new block (`RootStore.
-        _recycle`) - and the answer is MISSING: nothing to count, nothing to delete."""
+        process, whose eviction may hand the file to a new block (`BlockDir.
+        recycle`) - and the answer is MISSING: nothing to count, nothing to delete."""
         header, tail = _pages()
         try:
             st = os.fstat(fd)
@@ -281,6 +305,50 @@ class BlockIO:
         if checksum(block) != h.checksum:
             return ReadResult(ReadOutcome.CORRUPT, "checksum mismatch")
         return _OK
+
+
+def verify_block_file(dir_fd: int, name: str, namespace: str, idn: bytes, file_size: int,
+                      *, key: bytes | None = None, digest: int | None = None) -> str | None:
+    """None if `name` in `dir_fd` is a regular file of `file_size` bytes holding a
+    valid block of `namespace` whose key has ident `idn` (and is `key`, and whose
+    checksum is `digest`, when given) - header and block bytes verified; else why
+    not. Reads the whole file (buffered, into a private buffer): for the rare
+    cases that need it (a dead writer's file, a file found at a new block's name)."""
+    try:
+        fd = layout.open_file(name, dir_fd, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return "no file"
+    except OSError as exc:
+        return f"cannot open: {exc.strerror}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_size != file_size:
+            return f"{st.st_size} bytes, expected {file_size}"
+        data = os.pread(fd, file_size, 0)
+    except OSError as exc:
+        return f"cannot read: {exc.strerror}"
+    finally:
+        os.close(fd)
+    if len(data) != file_size:
+        return "short read"
+    try:
+        h = layout.parse_header(data[:HEADER_BYTES])
+    except HeaderError as exc:
+        return str(exc)
+    if h.namespace != namespace:
+        return f"namespace {h.namespace}"
+    if layout.ident(h.key) != idn or (key is not None and h.key != key):
+        return "header names another key"
+    if layout.file_bytes(h.block_bytes) != file_size:
+        return f"block of {h.block_bytes} bytes"
+    if digest is not None and h.checksum != digest:
+        return "another block's checksum"
+    view = memoryview(data)[HEADER_BYTES : HEADER_BYTES + h.block_bytes]
+    if checksum(view) != h.checksum:
+        return "checksum mismatch"
+    return None
 
 
 def _unless_replaced(got: ReadResult, dir_fd: int, path: str,
@@ -380,4 +448,4 @@ def probe_o_direct(dir_fd: int) -> bool:
 
 
 __all__ = ["HEADER_BYTES", "BlockIO", "ReadOutcome", "ReadResult", "probe_o_direct",
-           "rename_noreplace"]
+           "rename_noreplace", "verify_block_file"]

@@ -2,18 +2,30 @@
 records, grouped in checksummed frames, plus periodic snapshots.
 
 Record (64 bytes, little-endian): op (u8), ident length (u8), 6 zero bytes, writer
-id (u64), size (u64: file bytes, or a generation for ROTATE/RELOAD), ident (40 bytes,
-zero padded). Frame: magic "KVJ1", record count (u32), xxh3-64 of the records (u64),
-then the records. One frame is one `pwrite` by one writer holding the namespace lock:
-a frame is the unit that is either wholly in the journal or not at all; a torn
-frame can only be the last one, left by a writer killed while appending, and the
-next lock holder cuts it off.
+id (u64), size (u64: file bytes, or a generation for ROTATE/RELOAD, or a writer id
+for GONE), ident (40 bytes, zero padded). `writer` is the writer whose intent the
+record is about: for ADD/COMMIT/ABORT the intent's owner (a settler ending a dead
+writer's intents writes the dead writer's id), so a COMMIT or ABORT never ends
+another writer's intent. Frame: magic "KVJ1", record count (u32), xxh3-64 of the
+records (u64), then the records. One frame is one `pwrite` by one writer holding the
+namespace lock: a frame is the unit that is either wholly in the journal or not at
+all; a torn frame can only be the last one, left by a writer killed while appending,
+and the next lock holder cuts it off.
 
-Snapshot `snapshot.<gen>`: magic "KVS1", layout version, generation, record count,
-committed blocks, committed bytes, xxh3-64 of the records; then records: ENTRY
-(committed blocks, in the eviction policy's export order, oldest first), ADD
-(intents still pending, with their writer) and LASTDEL (each writer's last batch of
-removals). It is the state at the start of `journal.<gen>`.
+Snapshot `snapshot.<gen>` (version 2): magic "KVS1", version (u32), generation,
+record count, committed blocks, committed bytes, xxh3-64 of the records, base
+generation, base offset (u64 each); then records: ENTRY (committed blocks, least
+recently used first), ADD (intents still pending, with their writer) and LASTDEL
+(each writer's last batch of removals). It is the state after the frames of
+`journal.<base gen>` up to `base offset`: a rotation writes `snapshot.<g+1>` of the
+state at some offset of `journal.<g>` (without holding the namespace lock), so a
+reader of it replays `journal.<g>` from there to its ROTATE, then `journal.<g+1>`;
+a rebuild's snapshot is based on the start of its own journal (`base gen` = gen,
+offset 0).
+
+Names: `snapshot.<gen>` and `journal.<gen>` with `gen` in canonical decimal
+(no sign, no leading zero, ASCII digits only, below 2**62); any other name is not
+one of ours (`generation_of`).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from dataclasses import dataclass
 import xxhash
 
 from kvtiers_fs.layout import MAX_INLINE_IDENT, Ident
+from kvtiers_fs.pacing import CHUNK, digest_paced, pause
 
 # Ops. ADD/COMMIT/ABORT: a writer's intent to write a block, then its outcome.
 ADD = ord("+")
@@ -44,9 +57,13 @@ LASTDEL = ord("d")
 RECORD = struct.Struct("<BB6xQQ40s")
 FRAME = struct.Struct("<4sIQ")
 FRAME_MAGIC = b"KVJ1"
-SNAP = struct.Struct("<4sIQQQQQ")
+SNAP = struct.Struct("<4sIQQQQQQQ")
 SNAP_MAGIC = b"KVS1"
-SNAP_VERSION = 1
+SNAP_VERSION = 2
+#: generations are below this (a name with a larger number is not ours)
+MAX_GENERATION = 1 << 62
+#: a journal read takes about this many bytes of frames at a time (256 records)
+READ_CHUNK_BYTES = 16 << 10
 
 assert RECORD.size == 64 and MAX_INLINE_IDENT <= 40 < 256
 
@@ -68,8 +85,17 @@ def frame(records: list[Record]) -> bytes:
 
 
 def _records(body: bytes | memoryview) -> list[Record]:
-    return [Record(op, writer, size, raw[:n])
-            for op, n, writer, size, raw in RECORD.iter_unpack(body)]
+    """The records of a frame body (a large frame is decoded in pieces, pausing in
+    between: see pacing.py)."""
+    if len(body) <= CHUNK * RECORD.size:
+        return [Record(op, writer, size, raw[:n])
+                for op, n, writer, size, raw in RECORD.iter_unpack(body)]
+    out: list[Record] = []
+    for at in range(0, len(body), CHUNK * RECORD.size):
+        out += [Record(op, writer, size, raw[:n]) for op, n, writer, size, raw
+                in RECORD.iter_unpack(body[at : at + CHUNK * RECORD.size])]
+        pause()
+    return out
 
 
 def raw_records(body: bytes | memoryview) -> Iterator[tuple[int, int, int, int, bytes]]:
@@ -85,9 +111,9 @@ class JournalCorrupt(Exception):
 
 @dataclass(slots=True)
 class Tail:
-    """What `read_frames` found: frames as (writer of its first record, records),
-    the offset after the last complete frame, and whether bytes follow that
-    offset which do not form a complete frame (a torn tail, or a frame still being
+    """What `read_frames` found: frames (each a list of records), the offset after
+    the last complete frame, and whether bytes follow that offset at the end of the
+    file which do not form a complete frame (a torn tail, or a frame still being
     written by a live writer)."""
 
     frames: list[list[Record]]
@@ -95,27 +121,36 @@ class Tail:
     torn: bool
 
 
-def read_frames(fd: int, offset: int) -> Tail:
-    """Complete frames from `offset` to the end of the journal open at `fd`."""
+def read_frames(fd: int, offset: int, max_bytes: int | None = None) -> Tail:
+    """Complete frames from `offset` to the end of the journal open at `fd`, or - with
+    `max_bytes` - about that many bytes of them (at least one whole frame): callers
+    that apply a long tail read it in pieces and pause in between. `torn` is only
+    set at the real end of the file."""
     end = os.fstat(fd).st_size
     if offset >= end:
         return Tail([], offset, False)
-    view = memoryview(os.pread(fd, end - offset, offset))
+    want = end - offset if max_bytes is None else min(end - offset, max_bytes)
+    view = memoryview(os.pread(fd, want, offset))
+    if len(view) >= FRAME.size and len(view) < end - offset:
+        magic, count, _ = FRAME.unpack_from(view)
+        first = FRAME.size + count * RECORD.size
+        if magic == FRAME_MAGIC and first > len(view):  # one frame larger than asked
+            view = memoryview(os.pread(fd, min(first, end - offset), offset))
     frames: list[list[Record]] = []
     pos = 0
     while len(view) - pos >= FRAME.size:
         magic, count, digest = FRAME.unpack_from(view, pos)
         if magic != FRAME_MAGIC:
-            return _bad(frames, offset + pos, offset + len(view))
+            return _bad(frames, offset + pos, end)
         size = FRAME.size + count * RECORD.size
         if len(view) - pos < size:
             break
         body = view[pos + FRAME.size : pos + size]
         if xxhash.xxh3_64_intdigest(body) != digest:
-            return _bad(frames, offset + pos, offset + len(view), after=offset + pos + size)
-        frames.append(list(_records(body)))
+            return _bad(frames, offset + pos, end, after=offset + pos + size)
+        frames.append(_records(body))
         pos += size
-    return Tail(frames, offset + pos, pos < len(view))
+    return Tail(frames, offset + pos, pos < len(view) and offset + len(view) == end)
 
 
 def _bad(frames: list[list[Record]], at: int, end: int, after: int | None = None) -> Tail:
@@ -135,31 +170,58 @@ class Snapshot:
     body: memoryview  # records; iterate with `raw_records`
     blocks: int
     bytes: int
+    base_gen: int  # the state is that after journal.<base_gen> up to base_offset
+    base_offset: int
 
 
-def pack_snapshot(gen: int, records: list[Record], blocks: int, nbytes: int) -> bytes:
+@dataclass(frozen=True, slots=True)
+class SnapshotHead:
+    gen: int
+    count: int
+    blocks: int
+    bytes: int
+    digest: int
+    base_gen: int
+    base_offset: int
+
+
+def pack_snapshot_head(gen: int, count: int, blocks: int, nbytes: int, digest: int,
+                       base_gen: int, base_offset: int) -> bytes:
+    return SNAP.pack(SNAP_MAGIC, SNAP_VERSION, gen, count, blocks, nbytes, digest,
+                     base_gen, base_offset)
+
+
+def pack_snapshot(gen: int, records: list[Record], blocks: int, nbytes: int,
+                  base_gen: int | None = None, base_offset: int = 0) -> bytes:
+    """A whole snapshot in memory (small ones: rebuilds, tests)."""
     body = b"".join([r.pack() for r in records])
-    head = SNAP.pack(SNAP_MAGIC, SNAP_VERSION, gen, len(records), blocks, nbytes,
-                     xxhash.xxh3_64_intdigest(body))
+    head = pack_snapshot_head(gen, len(records), blocks, nbytes,
+                              xxhash.xxh3_64_intdigest(body),
+                              gen if base_gen is None else base_gen, base_offset)
     return head + body
 
 
-def read_snapshot_head(data: bytes) -> tuple[int, int, int, int, int]:
-    """(gen, records, blocks, bytes, checksum) of a snapshot; ValueError if bad."""
+def read_snapshot_head(data: bytes | memoryview) -> SnapshotHead:
+    """The head of a snapshot; ValueError if it is not one of this version, or
+    names an impossible base."""
     if len(data) < SNAP.size:
         raise ValueError("snapshot truncated")
-    magic, version, gen, count, blocks, nbytes, digest = SNAP.unpack_from(data)
+    magic, version, gen, count, blocks, nbytes, digest, bgen, boff = SNAP.unpack_from(data)
     if magic != SNAP_MAGIC or version != SNAP_VERSION:
         raise ValueError("not a kvtiers-fs snapshot of this version")
-    return gen, count, blocks, nbytes, digest
+    if not 0 < gen < MAX_GENERATION or bgen not in (gen - 1, gen) or (bgen == gen and boff):
+        raise ValueError("snapshot names an impossible generation or base")
+    return SnapshotHead(gen, count, blocks, nbytes, digest, bgen, boff)
 
 
 def parse_snapshot(data: bytes) -> Snapshot:
-    gen, count, blocks, nbytes, digest = read_snapshot_head(data)
+    """Check and decode a whole snapshot (ValueError if damaged). The checksum of a
+    large body is computed in pieces, with pauses (see `pacing`)."""
+    head = read_snapshot_head(data)
     body = memoryview(data)[SNAP.size :]
-    if len(body) != count * RECORD.size or xxhash.xxh3_64_intdigest(body) != digest:
+    if len(body) != head.count * RECORD.size or digest_paced(body) != head.digest:
         raise ValueError("snapshot damaged")
-    return Snapshot(gen, body, blocks, nbytes)
+    return Snapshot(head.gen, body, head.blocks, head.bytes, head.base_gen, head.base_offset)
 
 
 def snapshot_name(gen: int) -> str:
@@ -171,7 +233,13 @@ def journal_name(gen: int) -> str:
 
 
 def generation_of(name: str, prefix: str) -> int | None:
+    """The generation `name` (e.g. "snapshot.12") stands for, or None when it is not
+    exactly `<prefix>.<canonical decimal below MAX_GENERATION>`: "snapshot.²",
+    "snapshot.012", "snapshot.-1" or a 30-digit number are not ours."""
     if not name.startswith(prefix + "."):
         return None
     tail = name[len(prefix) + 1 :]
-    return int(tail) if tail.isdigit() else None
+    if not (0 < len(tail) <= 19 and tail.isascii() and tail.isdigit()) or tail[0] == "0":
+        return None
+    gen = int(tail)
+    return gen if gen < MAX_GENERATION else None

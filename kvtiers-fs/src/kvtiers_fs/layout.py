@@ -17,12 +17,19 @@ to a multiple of 4 KiB, so the block bytes sit at an aligned offset and move wit
 O_DIRECT straight from/to a pool slot. Its size on disk is `file_bytes(block_bytes)`,
 which is also what the tier counts against `capacity_bytes`.
 
-Header (little-endian): magic "KVTIERFS", layout version (u32), header length
-(u32), block bytes (u64), data offset (u64, 4096), block checksum (u64, xxh3-64 of
-the block bytes, `kvtiers.integrity`), namespace fingerprint (32 ASCII), key length
-(u16), 6 reserved bytes, the key, and xxh3-64 of everything before it. A header
-that fails any check - another version, another namespace, another key or length,
-a bad header checksum - is never taken for this block.
+Header (little-endian; offsets in bytes):
+
+    0  magic "KVTIERFS"           8  layout version (u32)    12  header length (u32)
+   16  block bytes (u64)         24  data offset (u64, 4096)
+   32  block checksum (u64: xxh3-64 of the block bytes, `kvtiers.integrity`)
+   40  namespace fingerprint (32 ASCII)                     72  key length (u16)
+   74  6 reserved bytes (zero)   80  the key                 80+len  xxh3-64 of bytes 0..80+len
+
+A header is checked in this order: magic, a plausible length, its own checksum, and
+only then its version - so a flipped bit anywhere (the version field included) is
+damage, and "another layout version" means an intact header that says so. A header
+that fails any check - damaged, another version, another namespace, another key or
+length - is never taken for this block.
 
 Symlinks: every path is opened relative to a directory descriptor with O_NOFOLLOW
 (directories also with O_DIRECTORY), the root included, so a symlink anywhere in
@@ -35,20 +42,23 @@ directory, then the file. Nothing outside a namespace directory is ever removed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
-
 from kvtiers.keys import BlockKey
 
 ALIGN = 4096
 HEADER_BYTES = 4096  # the header page; block bytes start here
 MAGIC = b"KVTIERFS"
+#: the header format above (bump it when the header changes; blocks of another
+#: version are never served)
 LAYOUT_VERSION = 1
 MAX_KEY_BYTES = 1024
 #: keys up to this long are their own ident; longer ones are named by a hash
@@ -78,12 +88,25 @@ def file_bytes(block_bytes: int) -> int:
 
 
 def ident(key: BlockKey) -> Ident:
-    """The key itself when short (every kvtiers key is 34 bytes), else a 128-bit hash
-    of it with a marker prefix. The full key is in each file's header and checked on
-    load, so two keys sharing an ident can cost a miss, never wrong bytes."""
+    """The key itself when short (a kvtiers key is a 32-byte hash and a 4-byte group
+    index: 36 bytes), else a 128-bit hash of it with a marker prefix. The full key is
+    in each file's header and checked on load, so two keys sharing an ident can cost
+    a miss, never wrong bytes."""
     if len(key) <= MAX_INLINE_IDENT:
         return bytes(key)
-    return b"\x00#" + xxhash.xxh3_128_digest(key)
+    return _HASHED + xxhash.xxh3_128_digest(key)
+
+
+_HASHED = b"\x00#"
+_HASHED_LEN = len(_HASHED) + 16
+
+
+def key_of(idn: Ident) -> bytes | None:
+    """The key an ident stands for, when the ident is the key itself; None for the
+    hash of a long key (only the file's header knows it then)."""
+    if len(idn) == _HASHED_LEN and idn.startswith(_HASHED):
+        return None
+    return idn
 
 
 def shard_of(idn: Ident) -> str:
@@ -112,12 +135,30 @@ def tmp_name(idn: Ident, writer: int) -> str:
 
 
 def parse_block_name(name: str) -> Ident | None:
+    """The ident a block file name stands for, or None if `name` is not one this
+    layout writes (lower-case hex of 1-40 bytes, then ".kvb")."""
     if not name.endswith(BLOCK_SUFFIX) or name.startswith("."):
         return None
-    try:
-        return bytes.fromhex(name[: -len(BLOCK_SUFFIX)])
-    except ValueError:
+    stem = name[: -len(BLOCK_SUFFIX)]
+    if not 2 <= len(stem) <= 2 * MAX_INLINE_IDENT or not is_lower_hex(stem):
         return None
+    return bytes.fromhex(stem)
+
+
+def is_lower_hex(s: str) -> bool:
+    """Only 0-9 and a-f (`str.isdigit` and `int()` accept far more)."""
+    return s.isascii() and all(c in "0123456789abcdef" for c in s)
+
+
+def writer_name(writer: int) -> str:
+    return f"{writer:016x}"
+
+
+def parse_writer_name(name: str) -> int | None:
+    """The writer id of a `writers/` entry name (16 lower-case hex digits)."""
+    if len(name) != 16 or not is_lower_hex(name):
+        return None
+    return int(name, 16)
 
 
 def parse_tmp_name(name: str) -> int | None:
@@ -125,12 +166,9 @@ def parse_tmp_name(name: str) -> int | None:
     if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
         return None
     parts = name[1 : -len(TMP_SUFFIX)].split(".")
-    if len(parts) != 2 or len(parts[1]) != 16:
+    if len(parts) != 2:
         return None
-    try:
-        return int(parts[1], 16)
-    except ValueError:
-        return None
+    return parse_writer_name(parts[1])
 
 
 # -- the header -----------------------------------------------------------------
@@ -172,20 +210,22 @@ class HeaderError(ValueError):
 
 
 def parse_header(page: bytes | memoryview) -> Header:
-    """Decode and check a header page (raises `HeaderError`)."""
+    """Decode and check a header page (raises `HeaderError`). The header's own
+    checksum is checked before its version: a damaged version field is damage
+    (`foreign` False), not another version."""
     if len(page) < _FIXED.size + _TAIL.size:
         raise HeaderError("header truncated")
     magic, version, length, block_bytes, offset, checksum, ns, klen = _FIXED.unpack_from(page)
     if magic != MAGIC:
         raise HeaderError("not a kvtiers-fs block (bad magic)")
-    if version != LAYOUT_VERSION:
-        raise HeaderError(f"layout version {version}, not {LAYOUT_VERSION}", foreign=True)
-    if length != _FIXED.size + klen + _TAIL.size or length > HEADER_BYTES:
+    if length != _FIXED.size + klen + _TAIL.size or length > min(HEADER_BYTES, len(page)):
         raise HeaderError("bad header length")
     body = bytes(page[: _FIXED.size + klen])
     (stored,) = _TAIL.unpack_from(page, _FIXED.size + klen)
     if xxhash.xxh3_64_intdigest(body) != stored:
         raise HeaderError("header checksum mismatch")
+    if version != LAYOUT_VERSION:
+        raise HeaderError(f"layout version {version}, not {LAYOUT_VERSION}", foreign=True)
     if offset != HEADER_BYTES:
         raise HeaderError(f"data offset {offset}, not {HEADER_BYTES}")
     try:
@@ -212,10 +252,8 @@ def open_dir(name: str, dir_fd: int, *, create: bool = False) -> int:
     except FileNotFoundError:
         if not create:
             raise
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(name, DIR_MODE, dir_fd=dir_fd)
-    except FileExistsError:
-        pass
     return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
 
 
@@ -239,6 +277,7 @@ class _OpenHow(ctypes.Structure):
                 ("resolve", ctypes.c_uint64)]
 
 
+_syscall: Any
 try:
     _syscall = ctypes.CDLL(None, use_errno=True).syscall
     _syscall.restype = ctypes.c_long
@@ -313,10 +352,8 @@ def unlink_quiet(name: str, dir_fd: int) -> bool:
 
 
 def close_quiet(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.close(fd)
-    except OSError:
-        pass
 
 
 def write_small_file(name: str, dir_fd: int, data: bytes, *, durable: bool = False) -> None:
@@ -361,7 +398,8 @@ def read_file(name: str, dir_fd: int) -> bytes:
         st = os.fstat(fd)
         if not _is_regular(fd):
             raise OSError(errno.EINVAL, f"{name} is not a regular file")
-        chunks, offset = [], 0
+        chunks: list[bytes] = []
+        offset = 0
         while True:
             chunk = os.pread(fd, max(st.st_size - offset, 1 << 16), offset)
             if not chunk:

@@ -4,19 +4,27 @@ For `kvtiers validate` and the tier's start-up log: another model's namespace on
 the same root is listed, never opened for writing, never touched. Reads only
 `<fingerprint>/NAMESPACE.json`, the newest snapshot and its journal (to count the
 blocks, without opening any block file or taking any lock). Never follows a
-symlink; never raises for a damaged namespace (it is listed with an `error`, or
-without counts).
+symlink; never raises for a damaged or hostile namespace directory - any name or
+content (a NAMESPACE.json that is not an object, a snapshot that is a directory, a
+journal of garbage) lists that namespace with an `error` saying why, or without
+counts.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvtiers.namespace import Namespace
+
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
+
+_log = logging.getLogger("kvtiers.fs")
+NAMESPACE_FILE = "NAMESPACE.json"
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,7 @@ class NamespaceInfo:
 
 
 def _is_fingerprint(name: str) -> bool:
-    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
+    return len(name) == 32 and layout.is_lower_hex(name)
 
 
 def list_namespaces(root: str, *, exclude: str | None = None,
@@ -52,9 +60,23 @@ def list_namespaces(root: str, *, exclude: str | None = None,
     root_fd = layout.open_root(root)
     try:
         names = sorted(n for n in os.listdir(root_fd) if _is_fingerprint(n) and n != exclude)
-        return [_describe(root, root_fd, n, counts) for n in names]
+        return [_describe_safely(root, root_fd, n, counts) for n in names]
     finally:
         os.close(root_fd)
+
+
+def _describe_safely(root: str, root_fd: int, fingerprint: str,
+                     counts: bool) -> NamespaceInfo:
+    try:
+        return _describe(root, root_fd, fingerprint, counts)
+    except Exception as exc:  # noqa: BLE001 - documented never to raise for content
+        _log.warning("kvtiers-fs %s: cannot describe namespace %s: %r", root, fingerprint, exc)
+        return NamespaceInfo(fingerprint, os.path.join(root, fingerprint),
+                             error=f"unreadable: {type(exc).__name__}: {exc}")
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _describe(root: str, root_fd: int, fingerprint: str, counts: bool) -> NamespaceInfo:
@@ -65,18 +87,22 @@ def _describe(root: str, root_fd: int, fingerprint: str, counts: bool) -> Namesp
         return NamespaceInfo(fingerprint, path, error=f"cannot open: {exc.strerror}")
     try:
         try:
-            doc = json.loads(layout.read_small_file("NAMESPACE.json", ns_fd))
-        except (OSError, ValueError) as exc:
+            doc = json.loads(layout.read_small_file(NAMESPACE_FILE, ns_fd))
+        except (OSError, ValueError, RecursionError) as exc:
             return NamespaceInfo(fingerprint, path, error=f"no readable NAMESPACE.json: {exc}")
+        if not isinstance(doc, dict) or _text(doc.get("model")) is None:
+            return NamespaceInfo(fingerprint, path, error="NAMESPACE.json is not a "
+                                 "namespace description (an object with a \"model\")")
         blocks, nbytes = _count(ns_fd) if counts else (None, None)
-        return NamespaceInfo(fingerprint, path, str(doc.get("model")),
-                             str(doc.get("revision", "")), blocks, nbytes)
+        return NamespaceInfo(fingerprint, path, _text(doc.get("model")),
+                             _text(doc.get("revision")) or "", blocks, nbytes)
     finally:
         os.close(ns_fd)
 
 
 def _count(ns_fd: int) -> tuple[int | None, int | None]:
-    """(committed blocks, their bytes): the newest snapshot's, plus its journal."""
+    """(committed blocks, their bytes): the newest snapshot's, plus the journal from
+    the snapshot's base on (following ROTATE)."""
     gens = [g for n in os.listdir(ns_fd) if (g := jr.generation_of(n, "snapshot")) is not None]
     if not gens:
         return None, None
@@ -86,28 +112,70 @@ def _count(ns_fd: int) -> tuple[int | None, int | None]:
     except (OSError, ValueError):
         return None, None
     blocks, nbytes = snap.blocks, snap.bytes
-    pending = {raw[:n]: size for op, n, _, size, raw in jr.raw_records(snap.body)
+    pending = {raw[:n]: (writer, size) for op, n, writer, size, raw in jr.raw_records(snap.body)
                if op == jr.ADD}
-    try:
-        fd = layout.open_file(jr.journal_name(gen), ns_fd, os.O_RDONLY)
-    except OSError:
-        return blocks, nbytes
-    try:
-        frames = jr.read_frames(fd, 0).frames
-    except (OSError, jr.JournalCorrupt):
-        return blocks, nbytes
-    finally:
-        os.close(fd)
-    for records in frames:
-        for r in records:
-            if r.op == jr.ADD:
-                pending[r.ident] = r.size
-            elif r.op == jr.COMMIT and r.ident in pending:
-                blocks += 1
-                nbytes += pending.pop(r.ident)
-            elif r.op == jr.ABORT:
-                pending.pop(r.ident, None)
-            elif r.op in (jr.REMOVE, jr.FORGET):
-                blocks -= 1
-                nbytes -= r.size
+    jgen, offset = snap.base_gen, snap.base_offset
+    for _ in range(3):  # the base journal, then the one its ROTATE names
+        try:
+            fd = layout.open_file(jr.journal_name(jgen), ns_fd, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return blocks, nbytes
+        try:
+            frames = jr.read_frames(fd, offset).frames
+        except (OSError, jr.JournalCorrupt):
+            return blocks, nbytes
+        finally:
+            os.close(fd)
+        follow = None
+        for records in frames:
+            for r in records:
+                if r.op == jr.ADD:
+                    pending[r.ident] = (r.writer, r.size)
+                elif r.op == jr.COMMIT:
+                    p = pending.get(r.ident)
+                    if p is not None and p[0] == r.writer:
+                        del pending[r.ident]
+                        blocks += 1
+                        nbytes += p[1]
+                elif r.op == jr.ABORT:
+                    p = pending.get(r.ident)
+                    if p is not None and p[0] == r.writer:
+                        del pending[r.ident]
+                elif r.op in (jr.REMOVE, jr.FORGET):
+                    blocks -= 1
+                    nbytes -= r.size
+                elif r.op == jr.ROTATE:
+                    follow = r.size
+        if follow is None:
+            break
+        jgen, offset = follow, 0
     return blocks, nbytes
+
+
+def write_namespace_file(ns_fd: int, namespace: Namespace, *, durable: bool,
+                         logger: logging.Logger, where: str) -> None:
+    """NAMESPACE.json of a namespace directory this process opens: written when
+    missing or not a description of this namespace (ours to replace). It is only
+    informational, so a name there that cannot be replaced (a directory) is logged
+    and left."""
+    try:
+        doc = json.loads(layout.read_small_file(NAMESPACE_FILE, ns_fd))
+        if isinstance(doc, dict) and doc.get("fingerprint") == namespace.fingerprint:
+            return
+    except (OSError, ValueError, RecursionError):
+        pass  # missing, unreadable or garbage: rewritten
+    doc = {
+        "fingerprint": namespace.fingerprint,
+        "model": namespace.model,
+        "revision": namespace.revision,
+        "format_version": namespace.format_version,
+        "groups": [asdict(g) for g in namespace.groups],
+        "layout_version": layout.LAYOUT_VERSION,
+        "snapshot_version": jr.SNAP_VERSION,
+    }
+    data = json.dumps(doc, indent=1, sort_keys=True).encode()
+    try:
+        layout.write_small_file(NAMESPACE_FILE, ns_fd, data, durable=durable)
+    except OSError as exc:
+        logger.warning("kvtiers-fs %s: cannot write %s/%s (%s); continuing without it",
+                       where, namespace.fingerprint, NAMESPACE_FILE, exc)

@@ -11,7 +11,6 @@ from kvtiers.tier import CONTRACT_VERSION
 
 from kvtiers_fs.schema import FS_SCHEMA, VLLM_ALIASES
 
-
 # The machine check (root exists, is writable) needs kvtiers-core's `TierRecord.check`;
 # with an older core, the tier's constructor still runs it.
 _CHECK = (

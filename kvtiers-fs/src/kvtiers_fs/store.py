@@ -3,99 +3,108 @@ and the journal that several processes share.
 
 Capacity accounting across processes
 ------------------------------------
-Every process that opens the namespace keeps the whole index in memory (committed
-blocks in the eviction policy, with their file sizes, plus pending intents) and
+Every process that opens the namespace keeps the whole index in memory
+(`BlockIndex`: committed blocks with their file sizes, plus pending intents) and
 keeps it current by reading one shared, append-only journal (journal.py). Usage is
 a fold of that journal: committed bytes plus bytes of pending intents, whoever
 wrote them. Changes are appended under an exclusive flock(2) of `<ns>/lock`, and a
 writer always reads the journal to its end before it decides anything, so every
 decision sees every other writer's reservations:
 
-1. reserve (one critical section per store job): catch up; for each key not
-   present or pending anywhere, evict victims by policy until it fits (unpinned in
-   this process; their REMOVE records go first), append `[REMOVE..., ADD...]` as
-   one frame, rename each victim's file to the temporary name of the block it
-   made room for (`_recycle`) or unlink it, release the lock;
+1. reserve (one critical section per store job): for each key neither committed
+   nor pending anywhere, evict victims by policy until it fits (unpinned in this
+   process), append `[REMOVE..., ADD...]` as one frame, rename each victim's file
+   to the temporary name of the block it made room for (`BlockDir.recycle`) or
+   unlink it, release the lock. A key committed already is `PRESENT`; a key
+   pending in another intent is `PENDING`: the job waits for that intent to end
+   (`await_intent`, waits.py) - it is never reported stored before a complete copy
+   is committed, by whichever writer;
 2. write the block files (no lock: into the recycled file or a new one under the
    temporary name, then rename);
 3. commit (one critical section): append `[COMMIT or ABORT per key]`.
 
 So usage never exceeds `capacity_bytes`: a writer's blocks in flight are already
-counted as its pending intents (the issue allows an overshoot of one job per
-writer; this design needs none). Two writers never write one file: a key pending
-anywhere counts as present.
+counted as its pending intents. Two writers never write one file: a key has at
+most one intent at a time.
 
 Crashes: a writer that dies (kill -9, at any instant) leaves at most its
 uncommitted intents and its last frame's unlinks; the next lock holder settles
-them (recovery.py). After that, usage is exactly the bytes of the complete block
-files on disk.
+them (`recovery.Settlement`). After that, usage is exactly the bytes of the
+complete block files on disk.
 
-Restart. `snapshot.<gen>` holds the index (entries in eviction order, so recency
-survives) at the start of `journal.<gen>`; start-up reads the newest snapshot and
-replays its journal - no scan of the block files, so a million blocks load in a
-few seconds. When the journal grows past max(16 MiB, twice the snapshot), the lock
-holder writes `snapshot.<gen+1>` and `journal.<gen+1>` and appends ROTATE to the
-old journal; readers follow the ROTATE without reloading. If the journal or the
-snapshot is damaged (power loss without `durable`), the lock holder rebuilds the
-index from a scan of the block files (recovery.py).
+Restart. `snapshot.<g>` holds the index (blocks least recently used first, so
+recency survives) as of an offset in a journal; start-up reads the newest snapshot
+and replays the journal from there - no scan of the block files. When the journal
+grows past max(16 MiB, twice the snapshot), this process writes the next snapshot
+in the background (`_rotate`: in pieces, holding only its own journal mutex, not the
+namespace lock), then, under the lock, renames it into place and appends ROTATE;
+readers follow the ROTATE without reloading. If the journal or the snapshot is
+damaged (power loss without `durable`), the lock holder rebuilds the index from a
+scan of the block files.
 
-Threads: `contains`, `pin`, `unpin` and `touch` are for the scheduler thread and
-only take `_state` (dictionary work). Everything that reads or appends the journal
-runs on I/O or probe threads under `_mu` (and the flock for appends).
+Parts, each with its own state and test: `BlockIndex` (the in-memory index),
+`IndexFiles` (snapshot and journal: load, catch up, rebuild, next snapshot),
+`BlockDir` (operations on block files), `WriterRegistry` (who is alive),
+`Settlement` (what dead writers left), `IntentWaits` (stores waiting for another
+writer). The store owns the locks and the protocol above.
+
+Threads: `contains`, `pin`, `unpin`, `touch` and `stats` are for any thread, the
+scheduler's included: lock-free, O(1) per key (`BlockIndex`). Everything that reads
+or appends the journal runs on I/O, probe, wait or rotation threads under `_mu`
+(and the flock for appends); work proportional to the number of blocks (loading,
+catching up, snapshotting) is done in pieces that give the GIL away (pacing.py).
+Removed blocks (evicted, dropped as damaged, removed by another process) are
+reported to `on_removed` as keys, from whichever of those threads saw them go.
 """
 
 from __future__ import annotations
 
-import enum
+import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 
+from kvtiers.clock import Clock
+from kvtiers.inventory import NamespaceInventory
 from kvtiers.namespace import Namespace
 from kvtiers.policies.base import EvictionPolicy
 
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
+from kvtiers_fs.blockdir import BlockDir
 from kvtiers_fs.errorlog import ErrorLog
+from kvtiers_fs.generations import Journal
+from kvtiers_fs.index import BlockIndex
+from kvtiers_fs.indexfiles import IndexFiles
 from kvtiers_fs.journal import Record
 from kvtiers_fs.layout import Ident
-from kvtiers_fs.recovery import RecoveryMixin
+from kvtiers_fs.namespaces import write_namespace_file
+from kvtiers_fs.pacing import CHUNK
+from kvtiers_fs.recovery import Settlement
+from kvtiers_fs.verdict import Verdict
+from kvtiers_fs.waits import ABSENT, COMMITTED, PENDING, IntentWaits
+from kvtiers_fs.writers import WriterRegistry, new_writer_id
 
-#: rotate the journal once it is larger than this and twice the snapshot
+#: rotate the journal once it is larger than this and ROTATE_FACTOR times the snapshot
 ROTATE_MIN_BYTES = 16 << 20
+ROTATE_FACTOR = 2
 #: ... and at a clean close once it is larger than this (and twice the snapshot)
 CLOSE_ROTATE_BYTES = 1 << 20
-#: real seconds between looks for dead writers that left state behind
-RECONCILE_EVERY_S = 2.0
-#: touches remembered for the journal between flushes (older ones are dropped)
-MAX_BUFFERED_TOUCHES = 1 << 16
 NAMESPACE_FILE = "NAMESPACE.json"
+#: errors of a load that say nothing about the block (the process is short of
+#: something): the block stays indexed
+_TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN,
+                        errno.EINTR, errno.ENOBUFS})
+
+__all__ = ["RootStore", "Verdict", "new_writer_id"]
 
 
-class Verdict(enum.Enum):
-    GRANTED = "granted"  # reserved: write the block, then commit or abort it
-    # granted, and an evicted block's file waits at the temporary name: overwrite it
-    RECYCLED = "recycled"
-    PRESENT = "present"  # stored already, or being stored by another writer
-    FULL = "full"  # cannot fit: nothing evictable left
-
-
-def new_writer_id() -> int:
-    while True:
-        wid = int.from_bytes(os.urandom(8), "little")
-        if wid:
-            return wid
-
-
-class RootStore(RecoveryMixin):
+class RootStore:
     """One namespace's blocks on one root. Construct, then `open()` (blocking I/O:
     call it from the tier's constructor, not the scheduler loop)."""
 
@@ -109,6 +118,7 @@ class RootStore(RecoveryMixin):
         durable: bool = False,
         errors: ErrorLog,
         logger: logging.Logger,
+        on_removed: Callable[[list[bytes]], None] | None = None,
     ):
         self.root = root
         self.namespace = namespace
@@ -116,287 +126,304 @@ class RootStore(RecoveryMixin):
         self.capacity_bytes = capacity_bytes
         self.durable = durable
         self.writer = new_writer_id()
-        self._policy_factory = policy_factory
         self._errors = errors
         self._log = logger
-        self._mu = threading.RLock()  # journal position and appends, in this process
-        self._state = threading.Lock()  # the index; held for dictionary work only
-        self.policy: EvictionPolicy = policy_factory()
-        self.pending: dict[Ident, tuple[int, int]] = {}  # ident -> (writer, bytes)
-        self.last_deletes: dict[int, list[Ident]] = {}
-        self.usage = 0  # committed + pending bytes, every writer's
-        self._pins: dict[Ident, int] = {}
-        self._touches: dict[Ident, None] = {}
-        self._last_touch_flush = time.monotonic()
-        self._last_reconcile = 0.0
+        self._on_removed = on_removed
+        self._mu = threading.RLock()  # the journal position and the index, in this process
+        self.index = BlockIndex(policy_factory)
         self._outbox: list[Record] = []  # records that could not be appended yet
-        self.gen = 0
-        self._jfd = -1
-        self._offset = 0
-        self.ns_fd = self.blocks_fd = self._writers_fd = self._lock_fd = self._me_fd = -1
+        self._last_touch_flush = time.monotonic()
+        self._rotation: threading.Thread | None = None
+        self._waits = IntentWaits(self, lambda op, exc: self._errors.record(op, exc))
+        self.ns_fd = self.blocks_fd = self._writers_fd = self._lock_fd = -1
         self.evictions = 0
         self.recycled = 0  # evicted files reused as new blocks' files
-        self.reloads = 0
+        self.rotations = 0
+        self.waited = 0  # stores that waited for another intent on their block
+        self._opened = False
         self.closed = False
 
     # -- opening and closing ----------------------------------------------------
 
     def open(self) -> None:
         """Create or open the namespace directory, register this writer, load the
-        index and reconcile writers that died. Raises OSError."""
+        index and settle writers that died. Raises OSError."""
         root_fd = layout.open_root(self.root)
         try:
             self.ns_fd = layout.open_dir(self.fingerprint, root_fd, create=True)
         finally:
             os.close(root_fd)
-        self._write_namespace_file()
+        write_namespace_file(self.ns_fd, self.namespace, durable=self.durable,
+                             logger=self._log, where=self.root)
         self.blocks_fd = layout.open_dir("blocks", self.ns_fd, create=True)
         self._writers_fd = layout.open_dir("writers", self.ns_fd, create=True)
         self._lock_fd = layout.open_file("lock", self.ns_fd, os.O_RDWR | os.O_CREAT)
-        self._register()
+        self.blocks = BlockDir(self.blocks_fd, self.fingerprint, self._errors)
+        self.writers = WriterRegistry(self._writers_fd, self.writer)
+        self.writers.register()
+        self.files = IndexFiles(root=self.root, ns_fd=self.ns_fd, blocks_fd=self.blocks_fd,
+                                index=self.index, writers=self.writers, flock=self._flock,
+                                errors=self._errors, logger=self._log, durable=self.durable)
+        self._journal = self.files.journal
+        self._settlement = Settlement(self.index, self.blocks, self.writers, self._commit_frame,
+                                      self._errors, self._log, self.root)
         with self._mu:
-            self._load(have_lock=False)
+            self.files.load(have_lock=False)
             with self._locked():
-                self._sweep_writers()
-                self._reconcile(force=True)
-
-    def _write_namespace_file(self) -> None:
-        try:
-            layout.read_small_file(NAMESPACE_FILE, self.ns_fd)
-            return
-        except FileNotFoundError:
-            pass
-        ns = self.namespace
-        doc = {
-            "fingerprint": self.fingerprint,
-            "model": ns.model,
-            "revision": ns.revision,
-            "format_version": ns.format_version,
-            "groups": [asdict(g) for g in ns.groups],
-            "layout_version": layout.LAYOUT_VERSION,
-        }
-        data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        layout.write_small_file(NAMESPACE_FILE, self.ns_fd, data, durable=self.durable)
-
-    def _register(self) -> None:
-        """Hold `writers/<id>` locked for as long as this store lives. Locked under a
-        temporary name first, so nobody ever sees it unlocked and thinks us dead."""
-        name = f"{self.writer:016x}"
-        tmp = f".{name}{layout.TMP_SUFFIX}"
-        fd = layout.open_file(tmp, self._writers_fd, os.O_RDWR | os.O_CREAT | os.O_EXCL)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.rename(tmp, name, src_dir_fd=self._writers_fd, dst_dir_fd=self._writers_fd)
-        self._me_fd = fd
+                self.writers.sweep(self.index.writers_with_state())
+                self._settlement.reconcile()
+        self._opened = True
 
     def close(self) -> None:
-        """Flush touches, unregister, close descriptors. Idempotent; never raises."""
+        """End waits (`CLOSED`), finish a snapshot being written, flush touches,
+        unregister, close descriptors. Idempotent; never raises."""
         if self.closed:
             return
-        self.closed = True
-        try:
-            # Touches go to the journal; a journal grown past a few MiB becomes a
-            # snapshot, so the next start-up (and `list_namespaces`) reads less.
-            with self._locked():
-                self._maybe_rotate(CLOSE_ROTATE_BYTES)
-        except Exception as exc:  # noqa: BLE001 - closing must not raise
-            self._errors.record("close", exc)
-        if self._me_fd >= 0:
+        self._waits.close()
+        self.closed = True  # no rotation starts from now on
+        with self._mu:
+            rotation = self._rotation
+        if rotation is not None:
+            rotation.join()
+        if self._opened:
             try:
-                layout.unlink_quiet(f"{self.writer:016x}", self._writers_fd)
-            except OSError:
-                pass
-        for fd in (self._jfd, self._me_fd, self._lock_fd, self._writers_fd, self.blocks_fd,
-                   self.ns_fd):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
+                # Touches go to the journal; a journal grown past a few MiB becomes a
+                # snapshot, so the next start-up (and `list_namespaces`) reads less.
+                with self._locked(rotate=False):
                     pass
-        self._jfd = self._me_fd = self._lock_fd = self._writers_fd = -1
-        self.blocks_fd = self.ns_fd = -1
+                self._rotate(CLOSE_ROTATE_BYTES)
+            except Exception as exc:  # noqa: BLE001 - closing must not raise
+                self._errors.record("close", exc)
+        writers: WriterRegistry | None = getattr(self, "writers", None)
+        if writers is not None:
+            writers.close()
+        journal: Journal | None = getattr(self, "_journal", None)
+        if journal is not None:
+            journal.close()
+        for fd in (self._lock_fd, self._writers_fd, self.blocks_fd, self.ns_fd):
+            if fd >= 0:
+                layout.close_quiet(fd)
+        self._lock_fd = self._writers_fd = self.blocks_fd = self.ns_fd = -1
 
-    # -- the scheduler side: memory only ----------------------------------------
+    # -- any thread: memory only, O(1) per key ------------------------------------
 
     def contains(self, idn: Ident) -> bool:
-        with self._state:
-            return idn in self.policy
+        return self.index.contains(idn)
 
     def pin(self, idns: Iterable[Ident]) -> None:
-        with self._state:
-            for idn in idns:
-                n = self._pins.get(idn, 0)
-                self._pins[idn] = n + 1
-                if n == 0:
-                    self.policy.pin(idn)
+        self.index.pin(idns)
 
     def unpin(self, idns: Iterable[Ident]) -> None:
-        with self._state:
-            for idn in idns:
-                n = self._pins.get(idn, 0) - 1
-                if n > 0:
-                    self._pins[idn] = n
-                    continue
-                self._pins.pop(idn, None)
-                self.policy.unpin(idn)
+        self.index.unpin(idns)
+        if self.index.queued() > CHUNK:
+            self._drain_if_free()
 
     def touch(self, idns: Iterable[Ident]) -> None:
-        """Refresh recency now; the journal learns it at the next flush."""
-        with self._state:
-            for idn in idns:
-                if idn in self.policy:
-                    self.policy.touch(idn)
-                    self._touches.pop(idn, None)
-                    self._touches[idn] = None
-            while len(self._touches) > MAX_BUFFERED_TOUCHES:
-                self._touches.pop(next(iter(self._touches)))
+        """Refresh recency (applied at the next drain; the journal learns it at the
+        next flush). A long queue is applied here if the journal mutex is free
+        (amortised O(1) per key; never waits)."""
+        self.index.touch(idns)
+        if self.index.queued() > CHUNK:
+            self._drain_if_free()
 
     def stats(self) -> tuple[int, int, int]:
         """(usage bytes, committed blocks, pending intents)."""
-        with self._state:
-            return self.usage, len(self.policy), len(self.pending)
+        index = self.index
+        return index.usage, index.blocks, index.reserved
 
     # -- I/O-thread side --------------------------------------------------------
 
     def sync(self) -> None:
         """Read what other writers appended (no lock needed to read)."""
         with self._mu:
-            self._catch_up(locked=False)
+            self.files.catch_up(locked=False)
+            self.index.drain()
+            self._report_removed()
+
+    def intent_state(self, idn: Ident) -> tuple[str, int]:
+        """(COMMITTED, 0), (PENDING, its writer) or (ABSENT, 0), as far as read."""
+        index = self.index
+        if idn in index.sizes:
+            return COMMITTED, 0
+        p = index.pending.get(idn)
+        return (PENDING, p[0]) if p is not None else (ABSENT, 0)
+
+    def settle_if_dead(self, writer: int) -> None:
+        """Settle `writer`'s leftovers now if it died (takes the lock only then)."""
+        if self.writers.is_dead(writer):
+            with self._locked():
+                self._settlement.settle_writer(writer)
+
+    def await_intent(self, idn: Ident, size: int, deadline: float | None, clock: Clock,
+                     done: Callable[[Verdict], None]) -> None:
+        """For a `PENDING` verdict: call `done` once the other intent on `idn` has
+        ended - `PRESENT` (committed), `GRANTED`/`RECYCLED` (reserved for the
+        caller now: write, then commit or abort as usual), `FULL`, `TIMEOUT`
+        (`deadline` on `clock` passed), `CLOSED` or `ERROR`. Never blocks."""
+        self.waited += 1
+        self._waits.add(idn, size, deadline, clock, done)
 
     def reserve(self, items: list[tuple[Ident, int]]) -> tuple[list[Verdict], int]:
         """Reserve room for blocks (ident, file bytes); see the module doc. Returns a
         verdict per item and the number of blocks evicted to make room. Raises
         OSError when the journal cannot be appended (nothing reserved then)."""
         with self._locked():
-            verdicts: list[Verdict] = []
-            victims: list[tuple[Ident, int]] = []
-            adds: list[Record] = []
-            with self._state:
-                usage, cap, full = self.usage, self.capacity_bytes, False
-                reuse: dict[Ident, tuple[Ident, int]] = {}  # granted -> a victim, its size
-                for idn, size in items:
-                    if idn in self.policy or idn in self.pending:
-                        verdicts.append(Verdict.PRESENT)
-                        continue
-                    if full or size > cap:
-                        verdicts.append(Verdict.FULL)
-                        continue
-                    first = len(victims)
-                    while usage + size > cap:
-                        got = self.policy.evict_items(1)
-                        if not got:
-                            break
-                        vid, vsize = got[0]
-                        victims.append((vid, vsize))  # type: ignore[arg-type]
-                        usage -= vsize
-                    if usage + size > cap:
-                        full = True
-                        verdicts.append(Verdict.FULL)
-                        continue
-                    if len(victims) > first and victims[first][1] == size:
-                        reuse[idn] = victims[first]
-                    usage += size
-                    adds.append(Record(jr.ADD, self.writer, size, idn))
-                    verdicts.append(Verdict.GRANTED)
-            if not adds and not victims:
-                return verdicts, 0
-            removes = [Record(jr.REMOVE, self.writer, s, i) for i, s in victims]
+            index = self.index
+            # Blocks of this job that are already here are reported stored: refresh
+            # them, and never evict them to make room for the job's other blocks.
+            present = [idn for idn, _ in items if idn in index.sizes]
+            if present:
+                index.touch(present)
+                index.pin(present)
+                index.drain()
             try:
-                self._append(removes + adds)
-            except OSError:
-                with self._state:
-                    for vid, vsize in victims:  # back in, as the newest: nothing happened
-                        self.policy.insert(vid, vsize)
-                raise
-            with self._state:
-                self.usage = usage
-                for rec in adds:
-                    self.pending[rec.ident] = (self.writer, rec.size)
-                self._set_last_deletes(self.writer, [i for i, _ in victims])
-            recycled = {idn for idn, (v, size) in reuse.items() if self._recycle(v, idn, size)}
-            taken = {reuse[idn][0] for idn in recycled}
-            self._unlink_blocks([i for i, _ in victims if i not in taken])
-            verdicts = [Verdict.RECYCLED if v is Verdict.GRANTED and idn in recycled else v
-                        for (idn, _), v in zip(items, verdicts, strict=True)]
-            self.evictions += len(victims)
-            self.recycled += len(taken)
-            return verdicts, len(victims)
-
-    def _recycle(self, victim: Ident, idn: Ident, size: int) -> bool:
-        """Move the file of `victim` (evicted: its REMOVE is in the journal) to the
-        temporary name of `idn`, so that the store overwrites blocks the filesystem
-        has already allocated instead of allocating new ones (on ext4 an O_DIRECT
-        write into allocated blocks is about twice as fast: no extent allocation,
-        no unwritten-extent conversion). Holds the lock. False (the caller unlinks
-        the victim) when the victim is not a regular file of `size` bytes, or
-        anything fails."""
-        src = self._shard_or_none(victim)
-        if src is None:
-            return False
-        try:
-            name = layout.block_name(victim)
-            st = os.stat(name, dir_fd=src, follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
-                return False
-            dst = self.shard_fd(idn, create=True)
-            try:
-                os.rename(name, layout.tmp_name(idn, self.writer), src_dir_fd=src,
-                          dst_dir_fd=dst)
+                return self._reserve_locked(items)
             finally:
-                os.close(dst)
-            return True
+                if present:
+                    index.unpin(present)
+                    index.drain()
+
+    def _reserve_locked(self, items: list[tuple[Ident, int]]) -> tuple[list[Verdict], int]:
+        """`reserve` under the namespace lock, with the job's present blocks pinned."""
+        index, cap = self.index, self.capacity_bytes
+        verdicts: list[Verdict] = []
+        victims: list[tuple[Ident, int]] = []
+        adds: list[tuple[Ident, int]] = []
+        reuse: dict[Ident, tuple[Ident, int]] = {}  # granted -> a victim, its size
+        seen: set[Ident] = set()
+        extra, full = 0, False
+        for idn, size in items:
+            if idn in index.sizes:
+                verdicts.append(Verdict.PRESENT)
+                continue
+            if idn in index.pending or idn in seen:
+                verdicts.append(Verdict.PENDING)
+                continue
+            if full or size > cap:
+                verdicts.append(Verdict.FULL)
+                continue
+            first = len(victims)
+            while index.usage + extra + size > cap:
+                got = index.evict_one()
+                if got is None:
+                    break
+                victims.append(got)
+            if index.usage + extra + size > cap:
+                full = True
+                verdicts.append(Verdict.FULL)
+                continue
+            if len(victims) > first and victims[first][1] == size:
+                reuse[idn] = victims[first]
+            extra += size
+            adds.append((idn, size))
+            seen.add(idn)
+            verdicts.append(Verdict.GRANTED)
+        if not adds and not victims:
+            return verdicts, 0
+        records = [Record(jr.REMOVE, self.writer, s, i) for i, s in victims]
+        records += [Record(jr.ADD, self.writer, s, i) for i, s in adds]
+        try:
+            self._journal.append(records)
         except OSError:
-            return False
-        finally:
-            os.close(src)
+            index.put_back(victims)  # back in, as the newest: nothing happened
+            raise
+        # The frame is in the journal: from here on nothing may raise before the
+        # index says what it says (BlockDir never raises).
+        index.usage += extra
+        index.add_own(self.writer, adds)
+        index.set_last_deletes(self.writer, [i for i, _ in victims])
+        index.removed_by_us(i for i, _ in victims)
+        self._report_removed()  # before the files go: a long key is read from one
+        recycled = {idn for idn, (v, size) in reuse.items()
+                    if self.blocks.recycle(v, idn, size, self.writer)}
+        taken = {reuse[idn][0] for idn in recycled}
+        self.blocks.unlink_blocks([i for i, _ in victims if i not in taken])
+        verdicts = [Verdict.RECYCLED if v is Verdict.GRANTED and idn in recycled else v
+                    for (idn, _), v in zip(items, verdicts, strict=True)]
+        self.evictions += len(victims)
+        self.recycled += len(taken)
+        return verdicts, len(victims)
 
     def commit(self, done: list[Ident], failed: list[Ident]) -> None:
-        """End reserved intents: `done` blocks are in place, `failed` are not (their
-        temporary files are gone). If the journal cannot take the commits, the
-        written files are removed and everything is aborted later; raises OSError."""
+        """End this writer's reserved intents: `done` blocks are in place, `failed`
+        are not (their temporary files are removed). If the journal cannot take the
+        commits, the written files are removed and everything is aborted later;
+        raises OSError."""
         if not done and not failed:
             return
-        records = [Record(jr.COMMIT, self.writer, 0, i) for i in done]
-        records += [Record(jr.ABORT, self.writer, 0, i) for i in failed]
-        self._unlink_tmps(failed)  # a recycled file whose store never ran (timeout, close)
-        with self._mu:
-            try:
-                with self._locked():
-                    self._append(records)
-                    self._apply_own(records)
-            except OSError:
-                self._unlink_blocks(done)
+        self.blocks.unlink_tmps(failed, self.writer)  # a recycled file never written
+        try:
+            with self._locked():
+                own = self.index.pending
+                records = [Record(jr.COMMIT, self.writer, own.get(i, (0, 0))[1], i)
+                           for i in done]
+                records += [Record(jr.ABORT, self.writer, 0, i) for i in failed]
+                self._commit_frame(records)
+        except OSError:
+            self.blocks.unlink_blocks(done)
+            with self._mu:
                 self._outbox.extend(Record(jr.ABORT, self.writer, 0, i) for i in done + failed)
-                raise
+            raise
+        finally:
+            self._waits.wake()
 
     def remove(self, idn: Ident, *, delete_file: bool) -> bool:
         """Drop a committed block from the index (REMOVE and unlink it when
         `delete_file`, else FORGET: a file that is not ours to delete). False if
         it was not in the index."""
         with self._locked():
-            with self._state:
-                size = self.policy.get(idn)
-                if size is None or idn not in self.policy:
-                    return False
-            op = jr.REMOVE if delete_file else jr.FORGET
-            rec = Record(op, self.writer, size, idn)
-            self._append([rec])
-            self._apply_own([rec])
+            size = self.index.size_of(idn)
+            if size is None:
+                return False
+            self._commit_frame([Record(jr.REMOVE if delete_file else jr.FORGET,
+                                       self.writer, size, idn)])
+            self._report_removed()
             if delete_file:
-                self._unlink_blocks([idn])
+                self.blocks.unlink_blocks([idn])
             return True
 
-    def flush_touches(self, force: bool = False) -> None:
-        """Append buffered touches (at most once a second unless `force`)."""
-        if not self._touches:
+    def unreadable(self, idn: Ident, exc: OSError) -> None:
+        """A load of `idn` failed with `exc`: unless the error is the process's (out
+        of descriptors or memory), the block cannot be served - drop it (and its
+        file, where that can be removed), so it is not a HIT for ever."""
+        if exc.errno in _TRANSIENT:
             return
+        try:
+            self.remove(idn, delete_file=True)
+        except OSError as err:
+            self._errors.record("remove", err, self.root)
+
+    def flush_touches(self, force: bool = False) -> None:
+        """Append buffered touches (at most once a second unless `force`). Never
+        waits for a long catch-up or a snapshot in progress (then: later)."""
         if not force and time.monotonic() - self._last_touch_flush < 1.0:
             return
-        with self._locked():
-            self._flush_touches_locked()
+        if not self._mu.acquire(blocking=False):
+            return
+        try:
+            with self._locked():
+                pass  # `_locked` appends the touches
+        finally:
+            self._mu.release()
 
     def shard_fd(self, idn: Ident, create: bool) -> int:
         """A descriptor of the shard directory of `idn` (the caller closes it)."""
-        return layout.open_dir(layout.shard_of(idn), self.blocks_fd, create=create)
+        return self.blocks.shard(idn, create=create)
+
+    def inventory(self, *, ages: bool = False) -> NamespaceInventory:
+        """What this namespace holds on this root (see `kvtiers.inventory`), after
+        reading what other writers appended. Blocks; time proportional to the blocks
+        (plus a stat per block with `ages`); never the scheduler thread's."""
+        self.sync()
+        with self._mu:
+            entries = [e for piece in self.index.entries() for e in piece]
+            pending = self.index.pending_items()
+        records, unnamed = self.blocks.records(entries, ages=ages)
+        return NamespaceInventory(
+            self.fingerprint, self.root, tuple(records),
+            committed_bytes=sum(s for _, s in entries),
+            reserved_bytes=sum(s for _, (_, s) in pending), reserved_blocks=len(pending),
+            capacity_bytes=self.capacity_bytes, unnamed_blocks=unnamed)
 
     # -- the journal --------------------------------------------------------------
 
@@ -409,317 +436,97 @@ class RootStore(RecoveryMixin):
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, rotate: bool = True) -> Iterator[None]:
         """The namespace lock, with the index caught up to the end of the journal,
-        leftovers of dead writers reconciled now and then, and queued records
-        appended first."""
-        with self._mu, self._flock():
-            self._catch_up(locked=True)
-            if self._outbox:
-                out, self._outbox = self._outbox, []
-                try:
-                    self._append(out)
-                    self._apply_own(out)
-                except OSError:
-                    self._outbox = out + self._outbox
-            if time.monotonic() - self._last_reconcile > RECONCILE_EVERY_S:
-                self._reconcile()
-            if self._touches:
-                self._flush_touches_locked()
-            yield
-            self._maybe_rotate()
-
-    def _append(self, records: list[Record]) -> None:
-        """Append one frame at the end of the journal (we hold the lock and have read
-        to the end). A partial append is cut off again."""
-        data = jr.frame(records)
-        try:
-            n = os.pwrite(self._jfd, data, self._offset)
-            if n != len(data):
-                raise OSError(errno.ENOSPC, "short journal append")
-            if self.durable:
-                os.fdatasync(self._jfd)
-        except OSError as exc:
-            try:
-                os.ftruncate(self._jfd, self._offset)
-            except OSError:
-                pass
-            self._errors.record("journal", exc)
-            raise
-        self._offset += len(data)
-
-    def _apply_own(self, records: list[Record]) -> None:
-        with self._state:
-            self._apply(records)
-
-    def _catch_up(self, *, locked: bool) -> None:
-        """Apply every complete frame after our offset. Holding the lock, also cut a
-        torn tail, notice an interrupted rotation, and rebuild a damaged journal."""
-        for _ in range(100):
-            try:
-                tail = jr.read_frames(self._jfd, self._offset)
-            except jr.JournalCorrupt as exc:
-                if not locked:
-                    return  # the next lock holder deals with it
-                self._log.error("kvtiers-fs %s: %s; rebuilding the index from the block files",
-                                self.root, exc)
-                self._rebuild()
-                continue
-            switch = None
-            with self._state:
-                for records in tail.frames:
-                    switch = self._apply(records)
-                    if switch is not None:
-                        break
-            if switch is not None:
-                op, gen = switch
-                if op == jr.ROTATE and self._follow_rotation(gen):
-                    continue
-                self._load(have_lock=locked)
-                continue
-            self._offset = tail.offset
-            if locked:
-                if tail.torn:
-                    os.ftruncate(self._jfd, self._offset)  # a dead writer's torn append
-                if self._exists(jr.snapshot_name(self.gen + 1)):
-                    # A rotation or rebuild whose ROTATE/RELOAD we never saw: its
-                    # writer died half way. The snapshot is authoritative.
-                    self._load(have_lock=True)
-                    continue
-            return
-        raise OSError(errno.EIO, "the journal keeps changing under us")
-
-    def _apply(self, records: list[Record]) -> tuple[int, int] | None:
-        """Fold one frame into the index (holding `_state`). Returns (op, gen) for
-        ROTATE/RELOAD, which end a journal."""
-        dels: list[Ident] = []
-        policy, pending = self.policy, self.pending
-        for r in records:
-            op, idn = r.op, r.ident
-            if op == jr.ADD:
-                if idn not in pending and idn not in policy:
-                    pending[idn] = (r.writer, r.size)
-                    self.usage += r.size
-            elif op == jr.COMMIT:
-                p = pending.pop(idn, None)
-                if p is not None:
-                    if idn in policy:
-                        self.usage -= p[1]
-                    else:
-                        policy.insert(idn, p[1])
-            elif op == jr.ABORT:
-                p = pending.pop(idn, None)
-                if p is not None:
-                    self.usage -= p[1]
-            elif op in (jr.REMOVE, jr.FORGET):
-                if idn in policy:
-                    self.usage -= policy.get(idn)
-                    policy.remove(idn)
-                if op == jr.REMOVE:
-                    dels.append(idn)
-            elif op == jr.TOUCH:
-                policy.touch(idn)
-            elif op == jr.GONE:
-                self.last_deletes.pop(r.size, None)
-            elif op in (jr.ROTATE, jr.RELOAD):
-                return op, r.size
-        if records:
-            self._set_last_deletes(records[0].writer, dels)
-        return None
-
-    def _set_last_deletes(self, writer: int, dels: list[Ident]) -> None:
-        # A writer's next frame proves it finished unlinking the previous one's.
-        if dels:
-            self.last_deletes[writer] = dels
-        else:
-            self.last_deletes.pop(writer, None)
-
-    def _follow_rotation(self, gen: int) -> bool:
-        try:
-            fd = layout.open_file(jr.journal_name(gen), self.ns_fd, os.O_RDWR)
-        except FileNotFoundError:
-            return False  # we fell more than a generation behind: reload
-        os.close(self._jfd)
-        self._jfd, self.gen, self._offset = fd, gen, 0
-        return True
-
-    def _exists(self, name: str) -> bool:
-        try:
-            os.stat(name, dir_fd=self.ns_fd, follow_symlinks=False)
-            return True
-        except FileNotFoundError:
-            return False
-
-    def _maybe_rotate(self, min_bytes: int = ROTATE_MIN_BYTES) -> None:
-        with self._state:
-            entries = len(self.policy)
-        if self._offset < max(min_bytes, 2 * jr.RECORD.size * entries):
-            return
-        new = self.gen + 1
-        try:
-            self._write_generation(new)
-            self._append([Record(jr.ROTATE, self.writer, new, b"")])
-        except OSError as exc:
-            self._errors.record("rotate", exc)
-            return
-        self._follow_rotation(new)
-        self._remove_old_generations(new)
-
-    def _write_generation(self, gen: int) -> None:
-        """journal.<gen> (empty), then snapshot.<gen> of the current index."""
-        fd = layout.open_file(jr.journal_name(gen), self.ns_fd,
-                              os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-        os.close(fd)
-        with self._state:
-            order = self.policy.export()
-            pending = list(self.pending.items())
-            lastdel = [(w, i) for w, ids in self.last_deletes.items() for i in ids]
-            nbytes = self.usage - sum(s for _, (_, s) in pending)
-        # Sizes are read without `_state` so that lookups do not wait for a million
-        # of them. Nothing removes entries meanwhile (that needs `_mu`, which we
-        # hold); a None is a pin or unpin caught moving the entry: ask again, locked.
-        get = self.policy.get
-        sizes = [get(idn) for idn in order]
-        if None in sizes:
-            with self._state:
-                sizes = [s if s is not None else get(i) for i, s in zip(order, sizes)]
-        recs = [Record(jr.ENTRY, 0, s, i) for i, s in zip(order, sizes) if s is not None]
-        recs += [Record(jr.ADD, w, s, i) for i, (w, s) in pending]
-        recs += [Record(jr.LASTDEL, w, 0, i) for w, i in lastdel]
-        data = jr.pack_snapshot(gen, recs, len(order), nbytes)
-        layout.write_small_file(jr.snapshot_name(gen), self.ns_fd, data, durable=self.durable)
-
-    def _remove_old_generations(self, gen: int) -> None:
-        for name in os.listdir(self.ns_fd):
-            g = jr.generation_of(name, "snapshot")
-            if g is not None and g < gen:
-                layout.unlink_quiet(name, self.ns_fd)
-            g = jr.generation_of(name, "journal")
-            if g is not None and g < gen - 1:
-                layout.unlink_quiet(name, self.ns_fd)
-            if name.startswith(".snapshot.") and name.endswith(layout.TMP_SUFFIX):
-                layout.unlink_quiet(name, self.ns_fd)  # a dead rotator's; we hold the lock
-
-    def _newest_generation(self) -> tuple[int | None, int]:
-        """(newest snapshot generation or None, highest generation named at all)."""
-        newest, highest = None, 0
-        for name in os.listdir(self.ns_fd):
-            for prefix in ("snapshot", "journal"):
-                g = jr.generation_of(name, prefix)
-                if g is None:
-                    continue
-                highest = max(highest, g)
-                if prefix == "snapshot":
-                    newest = g if newest is None else max(newest, g)
-        return newest, highest
-
-    def _load(self, *, have_lock: bool) -> None:
-        """Replace the in-memory index by the newest snapshot plus its journal."""
-        self.reloads += 1
-        for _ in range(20):
-            gen, _highest = self._newest_generation()
-            if gen is None:
-                with self._maybe_flock(have_lock):
-                    if self._newest_generation()[0] is None:
-                        self._rebuild(first=True)
-                        return
-                continue
-            try:
-                data = layout.read_file(jr.snapshot_name(gen), self.ns_fd)
-                snap_gen = jr.read_snapshot_head(data)[0]
-                if snap_gen != gen:
-                    raise ValueError("snapshot names another generation")
-                body = jr.parse_snapshot(data).body
-            except FileNotFoundError:
-                continue
-            except (ValueError, OSError) as exc:
-                self._log.error("kvtiers-fs %s: %s is unusable (%s); rebuilding the index "
-                                "from the block files", self.root, jr.snapshot_name(gen), exc)
-                with self._maybe_flock(have_lock):
-                    if self._newest_generation()[0] == gen:
-                        self._rebuild()
-                        return
-                continue
-            try:
-                jfd = layout.open_file(jr.journal_name(gen), self.ns_fd, os.O_RDWR)
-            except FileNotFoundError:
-                with self._maybe_flock(have_lock):
-                    if self._newest_generation()[0] == gen:  # a rotator died half way
-                        os.close(layout.open_file(jr.journal_name(gen), self.ns_fd,
-                                                  os.O_RDWR | os.O_CREAT))
-                continue
-            self._install(gen, jfd, jr.raw_records(body))
-            self._catch_up(locked=have_lock)
-            return
-        raise OSError(errno.EIO, f"cannot load the index of {self.root}")
-
-    @contextmanager
-    def _maybe_flock(self, have_lock: bool) -> Iterator[None]:
-        if have_lock:
-            yield
-        else:
+        queued operations applied, leftovers of dead writers settled now and then,
+        queued records and buffered touches appended first."""
+        with self._mu:
             with self._flock():
+                self.files.catch_up(locked=True)
+                self.index.drain()
+                if self._outbox:
+                    out, self._outbox = self._outbox, []
+                    try:
+                        self._commit_frame(out)
+                    except OSError:
+                        self._outbox = out + self._outbox
+                if self._settlement.due():
+                    self._settlement.reconcile()
+                self._flush_touches_locked()
                 yield
+                self._report_removed()
+            if rotate:
+                self._maybe_rotate()
 
-    def _install(self, gen: int, jfd: int,
-                 records: Iterable[tuple[int, int, int, int, bytes]]) -> None:
-        """Replace the index by a snapshot's records (`journal.raw_records`)."""
-        policy = self._policy_factory()
-        insert = policy.insert
-        pending: dict[Ident, tuple[int, int]] = {}
-        lastdel: dict[int, list[Ident]] = {}
-        usage = 0
-        entry, add, lastdel_op = jr.ENTRY, jr.ADD, jr.LASTDEL
-        for op, n, writer, size, raw in records:  # a million times at start-up: lean
-            if op == entry:
-                insert(raw[:n], size)
-                usage += size
-            elif op == add:
-                pending[raw[:n]] = (writer, size)
-                usage += size
-            elif op == lastdel_op:
-                lastdel.setdefault(writer, []).append(raw[:n])
-        with self._state:
-            for idn in self._pins:
-                policy.pin(idn)
-            self.policy, self.pending, self.last_deletes, self.usage = (
-                policy, pending, lastdel, usage)
-        if self._jfd >= 0:
-            os.close(self._jfd)
-        self._jfd, self.gen, self._offset = jfd, gen, 0
-
-    def _shard_or_none(self, idn: Ident) -> int | None:
-        try:
-            return self.shard_fd(idn, create=False)
-        except FileNotFoundError:
-            return None
-
-    def _unlink_blocks(self, idns: Iterable[Ident]) -> None:
-        self._unlink_each(idns, layout.block_name)
-
-    def _unlink_tmps(self, idns: Iterable[Ident]) -> None:
-        """This writer's temporary files of `idns`, where they are left."""
-        self._unlink_each(idns, lambda idn: layout.tmp_name(idn, self.writer))
-
-    def _unlink_each(self, idns: Iterable[Ident], name: Callable[[Ident], str]) -> None:
-        for idn in idns:
-            shard = self._shard_or_none(idn)
-            if shard is None:
-                continue
-            try:
-                layout.unlink_quiet(name(idn), shard)
-            except OSError as exc:
-                self._errors.record("unlink", exc)
-            finally:
-                os.close(shard)
+    def _commit_frame(self, records: list[Record]) -> None:
+        """Append one frame and fold it into the index (lock held)."""
+        self._journal.append(records)
+        self.index.apply(records)
 
     def _flush_touches_locked(self) -> None:
-        with self._state:
-            idns = [i for i in self._touches if i in self.policy]
-            self._touches.clear()
+        idns = self.index.take_touched()
         self._last_touch_flush = time.monotonic()
         if idns:
+            # recency is best effort; the in-memory order already has them
+            with contextlib.suppress(OSError):
+                self._journal.append([Record(jr.TOUCH, self.writer, 0, i) for i in idns])
+
+    def _drain_if_free(self) -> None:
+        if self._mu.acquire(blocking=False):
             try:
-                self._append([Record(jr.TOUCH, self.writer, 0, i) for i in idns])
-            except OSError:
-                pass  # recency is best effort; the in-memory order already has them
+                self.index.drain()
+            finally:
+                self._mu.release()
+
+    def _report_removed(self) -> None:
+        idns = self.index.take_removed()
+        if not idns or self._on_removed is None:
+            return
+        keys = self.blocks.keys(idns)
+        try:
+            self._on_removed(keys)
+        except Exception as exc:  # noqa: BLE001 - a listener's bug is not the store's
+            self._errors.record("events", exc)
+
+    # -- rotation -------------------------------------------------------------------
+
+    def _threshold(self, min_bytes: int) -> int:
+        return max(min_bytes, ROTATE_FACTOR * jr.RECORD.size * self.index.blocks)
+
+    def _maybe_rotate(self) -> None:
+        """Start writing the next snapshot in the background when the journal has
+        grown enough (called after the lock is released)."""
+        if self.closed or self._journal.offset < self._threshold(ROTATE_MIN_BYTES):
+            return
+        with self._mu:
+            if self._rotation is not None and self._rotation.is_alive():
+                return
+            self._rotation = threading.Thread(target=self._rotate_quietly, daemon=True,
+                                              name="kvtiers-fs-rotate")
+            self._rotation.start()
+
+    def _rotate_quietly(self) -> None:
+        try:
+            self._rotate(ROTATE_MIN_BYTES)
+        except Exception as exc:  # noqa: BLE001 - a failed rotation is retried later
+            self._errors.record("rotate", exc)
+
+    def _rotate(self, min_bytes: int) -> bool:
+        """Write snapshot.<g+1> of the index as of the current offset X in journal.<g>
+        (holding `_mu` but not the namespace lock: other processes go on appending),
+        then, under the lock, rename it into place and append ROTATE. Its readers
+        replay journal.<g> from X. False if not needed, or someone else rotated."""
+        with self._mu:
+            self.files.catch_up(locked=False)
+            self.index.drain()
+            if self._journal.offset < self._threshold(min_bytes):
+                return False
+            tmp, jgen, _ = self.files.write_next_snapshot()
+        try:
+            with self._locked(rotate=False):
+                done = self.files.install_next_snapshot(tmp, jgen)
+        except BaseException:
+            layout.unlink_quiet(tmp, self.ns_fd)
+            raise
+        self.rotations += done
+        return done

@@ -27,10 +27,12 @@ Layout: `kvtiers_fs.layout`; index, capacity and crash recovery:
 from __future__ import annotations
 
 import errno
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvtiers.errors import ConfigError, ConfigProblem
+from kvtiers.inventory import TierInventory
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
@@ -51,6 +53,10 @@ from kvtiers_fs.store import RootStore, Verdict
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
+_WAIT_FAILURES = {Verdict.FULL: FailureReason.FULL, Verdict.TIMEOUT: FailureReason.TIMEOUT,
+                  Verdict.CLOSED: FailureReason.CLOSED}
+
+
 def _store_failure(exc: OSError) -> FailureReason:
     return FailureReason.FULL if exc.errno in _FULL_ERRNOS else FailureReason.IO
 
@@ -59,13 +65,17 @@ class _Plan:
     """The fs tier's part of a job in flight (`Job.state`): where each key lives
     (loads: routed and pinned at submit) and, for a store, the blocks it writes."""
 
-    __slots__ = ("routes", "pinned", "writes")
+    __slots__ = ("routes", "pinned", "writes", "waits", "borrowed")
 
     def __init__(self, routes: list[tuple[int, Ident]] | None = None, pinned: bool = False):
         self.routes = routes or []
         self.pinned = pinned
         # stores: job index -> (root, ident, recycled: into an evicted block's file)
         self.writes: dict[int, tuple[int, Ident, bool]] = {}
+        # stores: job index -> (root, ident) of a block another intent is writing
+        self.waits: dict[int, tuple[int, Ident]] = {}
+        # stores: job indices whose committed copy is another writer's (nothing moved)
+        self.borrowed: set[int] = set()
 
 
 #: block items are batched up to this many bytes per pool task (one block at least)
@@ -106,6 +116,7 @@ class FsTier(SecondaryTier):
                     root, ctx.namespace, capacity_bytes=self.capacity_bytes,
                     policy_factory=lambda: ctx.make_policy(policy_name, capacity_blocks),
                     durable=self.durable, errors=self._errors, logger=ctx.logger,
+                    on_removed=ctx.events.removed,
                 )
                 self.stores.append(store)
                 store.open()
@@ -223,6 +234,10 @@ class FsTier(SecondaryTier):
         for root, idns in by_root.items():
             self.stores[root].touch(idns)
 
+    def inventory(self, *, ages: bool = False) -> TierInventory:
+        return TierInventory(self.ctx.name or "fs",
+                             tuple(store.inventory(ages=ages) for store in self.stores))
+
     def block_path(self, key: BlockKey) -> str:
         """Where the file of `key` is (tests, tools)."""
         root, idn = self._route(key)
@@ -260,6 +275,9 @@ class FsTier(SecondaryTier):
                     job.succeed(i)
                 elif verdict is Verdict.FULL:
                     job.fail(i, FailureReason.FULL)
+                elif verdict is Verdict.PENDING:  # another intent is writing it: wait
+                    plan.waits[i] = (root, idn)
+                    items.append(i)
                 else:
                     plan.writes[i] = (root, idn, verdict is Verdict.RECYCLED)
                     items.append(i)
@@ -268,7 +286,36 @@ class FsTier(SecondaryTier):
         # all run before any block is written, leaving the disk idle meanwhile.
         return items
 
+    def _await_other_writer(self, job: Job, i: int) -> Outcome | Verdict:
+        """A block another intent (another process, another job) is writing: wait on
+        this I/O thread until that intent ends (`RootStore.await_intent`: bounded by
+        the job's deadline and by close). Success only if its copy was committed;
+        the reservation, if it failed and room was left, is ours to write now."""
+        root, idn = job.state.waits[i]
+        ended = threading.Event()
+        got: list[Verdict] = []
+
+        def done(verdict: Verdict) -> None:
+            got.append(verdict)
+            ended.set()
+
+        self.stores[root].await_intent(idn, self.file_bytes, job.transfer.deadline,
+                                       self.ctx.clock, done)
+        ended.wait()
+        verdict = got[0]
+        if verdict is Verdict.PRESENT:
+            job.state.borrowed.add(i)  # another writer's complete copy: nothing moved
+            return None
+        if verdict in (Verdict.GRANTED, Verdict.RECYCLED):
+            job.state.writes[i] = (root, idn, verdict is Verdict.RECYCLED)
+            return verdict
+        return _WAIT_FAILURES.get(verdict, FailureReason.IO)
+
     def _store_block(self, job: Job, i: int) -> Outcome:
+        if i in job.state.waits:
+            waited = self._await_other_writer(job, i)
+            if not isinstance(waited, Verdict):
+                return waited
         root, idn, recycled = job.state.writes[i]
         store, key = self.stores[root], job.keys[i]
         try:
@@ -292,8 +339,7 @@ class FsTier(SecondaryTier):
             # open (shard directory, then file) otherwise, and to classify errors.
             got = io.read_beneath(store.blocks_fd, idn, key, slot)
         except OSError as exc:
-            self._errors.record("load", exc, store.root)
-            return FailureReason.IO
+            return self._load_failed(store, idn, exc)
         if got is None:
             try:
                 shard = store.shard_fd(idn, create=False)
@@ -301,16 +347,19 @@ class FsTier(SecondaryTier):
                 self._missing(store, idn)
                 return FailureReason.MISSING
             except OSError as exc:
-                self._errors.record("load", exc, store.root)
-                return FailureReason.IO
+                return self._load_failed(store, idn, exc)
             try:
                 got = io.read(shard, idn, key, slot)
             except OSError as exc:
-                self._errors.record("load", exc, store.root)
-                return FailureReason.IO
+                return self._load_failed(store, idn, exc)
             finally:
                 layout.close_quiet(shard)
         return self._after_read(job, i, got)
+
+    def _load_failed(self, store: RootStore, idn: Ident, exc: OSError) -> Outcome:
+        self._errors.record("load", exc, store.root)
+        store.unreadable(idn, exc)  # not a HIT for ever
+        return FailureReason.IO
 
     def _load_batch(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
         """Loads of consecutive small blocks of one job: one native call reads them
@@ -388,6 +437,9 @@ class FsTier(SecondaryTier):
 
     def _end_store(self, job: Job) -> None:
         """End hook of a store: commit the blocks written, abort the other intents."""
+        for i in job.state.borrowed:
+            if job.succeeded(i):
+                job.succeed(i, 0)
         done: dict[int, list[tuple[int, Ident]]] = {}
         aborted: dict[int, list[Ident]] = {}
         # In the job's order, not the threads': a prefix's first blocks are older.

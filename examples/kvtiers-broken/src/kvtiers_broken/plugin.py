@@ -4,7 +4,6 @@ The registry must record the error and keep loading every other plugin."""
 from __future__ import annotations
 
 import kvtiers_missing_dependency  # noqa: F401  (not installed anywhere, on purpose)
-
 from kvtiers.plugins import TierRecord, hookimpl
 from kvtiers.tier import CONTRACT_VERSION
 

@@ -9,7 +9,8 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from kvtiers.errors import ConfigError, KvtiersError, PluginError
 
@@ -54,9 +55,11 @@ def _command_in(argv: Sequence[str], commands: Mapping[str, object]) -> str | No
 
 
 
-def _closed_stdout_is_quiet(
-    run: Callable[[Sequence[str] | None], int],
-) -> Callable[[Sequence[str] | None], int]:
+class _Main(Protocol):
+    def __call__(self, argv: Sequence[str] | None = None) -> int: ...
+
+
+def _closed_stdout_is_quiet(run: _Main) -> _Main:
     """`kvtiers ... | head -2`: when the reader of stdout leaves, stop quietly with
     SIGPIPE's status instead of a BrokenPipeError traceback, for every command."""
 

@@ -38,14 +38,14 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
-from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.options import resolve_options
 from kvtiers.parent import ParentManager
+from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
 from kvtiers.tiers.schemas import FAULTY_SCHEMA
 
@@ -68,10 +68,10 @@ class FaultyTier(SecondaryTier):
     """A tier that forwards to `inner` and injects the configured faults."""
 
     # Unknown until the inner tier is built; each instance sets its own (see module doc).
-    persistent: ClassVar[bool] = False
-    shared: ClassVar[bool] = False
-    serves_peers: ClassVar[bool] = False
-    verifies: ClassVar[bool] = False
+    persistent = False
+    shared = False
+    serves_peers = False
+    verifies = False
 
     def __init__(self, ctx: TierContext, config: Mapping[str, Any]):
         options = resolve_options(FAULTY_SCHEMA, config, "faulty")
@@ -106,7 +106,7 @@ class FaultyTier(SecondaryTier):
             and (self._corrupt_detected or not self._corrupt_rate or "load" not in self._ops),
         }
         for flag, value in flags.items():
-            # Instance attributes shadow the ClassVars on purpose (see module doc).
+            # Instance attributes shadow the class defaults on purpose (see module doc).
             setattr(self, flag, value)
 
     @classmethod

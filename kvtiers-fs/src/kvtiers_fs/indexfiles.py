@@ -1,0 +1,231 @@
+"""`IndexFiles`: keeps a process's `BlockIndex` equal to what its namespace's
+snapshot and journal say - loading the newest snapshot and replaying the journal
+from its base, catching up what other writers appended (in pieces: pacing.py),
+following ROTATE, finishing a rotation whose writer died half way, and rebuilding
+from the block files when the snapshot or the journal cannot be trusted; plus the
+two halves of writing the next snapshot (`RootStore` holds the locks).
+
+Its owner (`RootStore`) calls it holding its journal mutex; with `locked` /
+`have_lock`, also the namespace lock (`flock`, passed in, is how it takes that
+lock itself when it must). Formats: journal.py; files: generations.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+from kvtiers_fs import generations as gens
+from kvtiers_fs import journal as jr
+from kvtiers_fs import layout
+from kvtiers_fs.errorlog import ErrorLog
+from kvtiers_fs.generations import Journal
+from kvtiers_fs.index import BlockIndex
+from kvtiers_fs.journal import Record
+from kvtiers_fs.pacing import CHUNK, pause
+from kvtiers_fs.recovery import rebuild_records
+from kvtiers_fs.writers import WriterRegistry
+
+
+class IndexFiles:
+    def __init__(self, *, root: str, ns_fd: int, blocks_fd: int, index: BlockIndex,
+                 writers: WriterRegistry, flock: Callable[[], AbstractContextManager[None]],
+                 errors: ErrorLog, logger: logging.Logger, durable: bool):
+        self.root = root
+        self.ns_fd = ns_fd
+        self.blocks_fd = blocks_fd
+        self.index = index
+        self.writers = writers
+        self.writer = writers.writer
+        self._flock = flock
+        self._errors = errors
+        self._log = logger
+        self.durable = durable
+        self.journal = Journal(ns_fd, errors, durable)
+        self.reloads = 0
+
+    def catch_up(self, *, locked: bool) -> None:
+        """Apply every complete frame after our offset, in pieces. Holding the lock,
+        also cut a torn tail, finish a rotation whose writer died half way, notice a
+        rebuild, and rebuild a damaged journal."""
+        restarts = 0
+        applied = 0
+        while True:
+            try:
+                tail = self.journal.read()
+            except jr.JournalCorrupt as exc:
+                if not locked:
+                    return  # the next lock holder deals with it
+                self._log.error("kvtiers-fs %s: %s; rebuilding the index from the block files",
+                                self.root, exc)
+                self.rebuild()
+                restarts += 1
+                continue
+            switch = None
+            for records in tail.frames:
+                switch = self.index.apply(records)
+                if switch is not None:
+                    break
+                applied += len(records)
+                if applied >= CHUNK:
+                    applied = 0
+                    pause()
+            if tail.frames:
+                pause()  # a piece read and applied
+            if switch is not None:
+                restarts += 1
+                if restarts > 100:
+                    raise OSError(errno.EIO, "the journal keeps changing under us")
+                op, gen = switch
+                if not (op == jr.ROTATE and self.journal.follow(gen)):
+                    self.load(have_lock=locked)
+                continue
+            self.journal.offset = tail.offset
+            if tail.frames and not tail.torn and tail.offset < self.journal.size():
+                continue  # more to read
+            if locked:
+                if tail.torn:
+                    self.journal.cut()  # a dead writer's torn append
+                if gens.exists(self.ns_fd, jr.snapshot_name(self.journal.gen + 1)):
+                    restarts += 1
+                    if restarts > 100:
+                        raise OSError(errno.EIO, "the journal keeps changing under us")
+                    self._finish_dead_rotation()
+                    continue
+            return
+
+    def _finish_dead_rotation(self) -> None:
+        """snapshot.<g+1> exists but journal.<g> has no ROTATE (lock held): its writer
+        died half way. A rotation of this journal is finished (ROTATE appended);
+        anything else (a rebuild's snapshot) is reloaded."""
+        new = self.journal.gen + 1
+        try:
+            head = gens.read_snapshot(self.ns_fd, new)
+        except (OSError, ValueError):
+            head = None
+        if head is not None and head.base_gen == self.journal.gen \
+                and head.base_offset <= self.journal.offset:
+            if not gens.exists(self.ns_fd, jr.journal_name(new)):
+                gens.create_journal(self.ns_fd, new)
+            self.journal.append([Record(jr.ROTATE, self.writer, new, b"")])
+            if self.journal.follow(new):
+                return
+        self.load(have_lock=True)
+
+    def load(self, *, have_lock: bool) -> None:
+        """Replace the in-memory index by the newest snapshot plus its journal."""
+        self.reloads += 1
+        for _ in range(20):
+            gen, _highest = gens.generations(self.ns_fd)
+            if gen is None:
+                with self._maybe_flock(have_lock):
+                    if gens.generations(self.ns_fd)[0] is None:
+                        self.rebuild(first=True)
+                        return
+                continue
+            try:
+                snap = gens.read_snapshot(self.ns_fd, gen)
+                jfd = layout.open_file(jr.journal_name(snap.base_gen), self.ns_fd, os.O_RDWR)
+            except FileNotFoundError:
+                with self._maybe_flock(have_lock):
+                    if gens.generations(self.ns_fd)[0] == gen:
+                        self.rebuild()  # a generation without its journal
+                        return
+                continue
+            except (ValueError, OSError) as exc:
+                self._log.error("kvtiers-fs %s: %s is unusable (%s); rebuilding the index "
+                                "from the block files", self.root, jr.snapshot_name(gen), exc)
+                with self._maybe_flock(have_lock):
+                    if gens.generations(self.ns_fd)[0] == gen:
+                        self.rebuild()
+                        return
+                continue
+            if snap.base_offset > os.fstat(jfd).st_size:
+                os.close(jfd)
+                self._log.error("kvtiers-fs %s: %s is shorter than its snapshot says; "
+                                "rebuilding the index", self.root, jr.journal_name(snap.base_gen))
+                with self._maybe_flock(have_lock):
+                    self.rebuild()
+                return
+            self.index.install(jr.raw_records(snap.body), report=self.reloads > 1)
+            self.journal.switch(jfd, snap.base_gen, snap.base_offset)
+            self.catch_up(locked=have_lock)
+            return
+        raise OSError(errno.EIO, f"cannot load the index of {self.root}")
+
+    @contextmanager
+    def _maybe_flock(self, have_lock: bool) -> Iterator[None]:
+        if have_lock:
+            yield
+        else:
+            with self._flock():
+                yield
+
+    def rebuild(self, first: bool = False) -> None:
+        """Index every complete block file, drop dead writers' temporary files, and
+        start a new generation (lock held)."""
+        own = {i: p for i, p in self.index.pending.items() if p[0] == self.writer}
+        recs, blocks, nbytes = rebuild_records(self.blocks_fd, self.writers, own)
+        _, highest = gens.generations(self.ns_fd)
+        gen = max(highest, self.journal.gen) + 1
+        gens.create_journal(self.ns_fd, gen)
+        tmp = gens.snapshot_tmp_name(gen, self.writer)
+        layout.unlink_quiet(tmp, self.ns_fd)
+        data = jr.pack_snapshot(gen, recs, blocks, nbytes)
+        layout.write_small_file(jr.snapshot_name(gen), self.ns_fd, data, durable=self.durable)
+        if self.journal.fd >= 0:
+            with contextlib.suppress(OSError):  # tell readers of the old journal to reload
+                self.journal.append([Record(jr.RELOAD, self.writer, gen, b"")])
+        jfd = layout.open_file(jr.journal_name(gen), self.ns_fd, os.O_RDWR)
+        self.index.install(((r.op, len(r.ident), r.writer, r.size, r.ident) for r in recs),
+                           report=not first)
+        self.journal.switch(jfd, gen, 0)
+        self.remove_old(gen)
+        if not first or blocks:
+            self._log.warning("kvtiers-fs %s: index rebuilt from %d block files", self.root,
+                              blocks)
+
+    def remove_old(self, gen: int) -> None:
+        dead = [w for w in gens.snapshot_tmp_writers(self.ns_fd) if self.writers.is_dead(w)]
+        gens.remove_old(self.ns_fd, gen, dead, self._errors)
+
+    def write_next_snapshot(self) -> tuple[str, int, int]:
+        """Write snapshot.<g+1> of the index as of the current offset X of
+        journal.<g>, under a temporary name (holding the journal mutex, not the
+        namespace lock). Returns (temporary name, g, X)."""
+        jgen, offset = self.journal.gen, self.journal.offset
+        tmp = gens.snapshot_tmp_name(jgen + 1, self.writer)
+        layout.unlink_quiet(tmp, self.ns_fd)
+        index = self.index
+        gens.write_snapshot(self.ns_fd, tmp, jgen + 1, index.entries(), index.pending_items(),
+                            index.last_delete_items(), blocks=index.blocks,
+                            nbytes=index.committed_bytes(), base_gen=jgen,
+                            base_offset=offset, durable=self.durable)
+        return tmp, jgen, offset
+
+    def install_next_snapshot(self, tmp: str, jgen: int) -> bool:
+        """Holding the lock, caught up: rename `tmp` into place as snapshot.<g+1>,
+        create journal.<g+1>, append ROTATE and follow it. False (and `tmp` removed)
+        if someone else rotated or rebuilt meanwhile."""
+        new = jgen + 1
+        if self.journal.gen != jgen or gens.exists(self.ns_fd, jr.snapshot_name(new)):
+            layout.unlink_quiet(tmp, self.ns_fd)
+            return False
+        try:
+            gens.create_journal(self.ns_fd, new)
+            os.rename(tmp, jr.snapshot_name(new), src_dir_fd=self.ns_fd, dst_dir_fd=self.ns_fd)
+        except OSError:
+            layout.unlink_quiet(tmp, self.ns_fd)
+            raise
+        if self.durable:
+            os.fsync(self.ns_fd)
+        # If this append fails, the next lock holder finds snapshot.<g+1> without a
+        # ROTATE and appends it (`_finish_dead_rotation`).
+        self.journal.append([Record(jr.ROTATE, self.writer, new, b"")])
+        self.journal.follow(new)
+        self.remove_old(new)
+        return True
