@@ -45,7 +45,7 @@ def test_the_kvtiers_form_loads_with_every_default(s3_registry: Registry) -> Non
     assert (s.capacity_bytes, s.eviction_policy, s.concurrency, s.shared) == (10**12, "lru", 32,
                                                                               True)
     assert (s.ttl_s, s.create_bucket, s.storage_options, s.secrets) == (None, False, {}, ())
-    assert s.layout.packing == "auto" and s.layout.segment_bytes == 8 * MiB
+    assert s.layout.packing == "auto" and s.layout.segment_bytes == 16 * MiB
 
 
 def test_vllms_obj_tier_loads_verbatim_and_maps_onto_the_same_settings(
@@ -172,13 +172,14 @@ def test_any_fsspec_url_resolves(s3_registry: Registry, url: str, protocol: str,
     assert (s.protocol, s.root, s.is_s3) == (protocol, root, False)
 
 
-def test_the_layout_packs_small_blocks_by_default(s3_registry: Registry) -> None:
+def test_the_layout_packs_blocks_below_4_mib_by_default(s3_registry: Registry) -> None:
     def layout(**kw: Any) -> S3Settings:
         tier = {"type": "s3", "url": "s3://kv-cache", "capacity_bytes": 1, "layout": kw}
         return settings_from_s3(_native(tier, s3_registry).secondary_tiers[0].options)
 
     auto = layout()
-    assert auto.layout.packs(64 * 1024) and not auto.layout.packs(2 * MiB)
+    assert auto.layout.packs(64 * 1024) and auto.layout.packs(2 * MiB)
+    assert not auto.layout.packs(4 * MiB)
     assert not layout(packing="per_block").layout.packs(1)
     assert layout(packing="segments").layout.packs(1 << 30)
-    assert layout(pack_below_bytes=4 * MiB).layout.packs(2 * MiB)
+    assert not layout(pack_below_bytes=1 * MiB).layout.packs(2 * MiB)

@@ -63,8 +63,10 @@ def test_blocks_another_process_stored_are_found_and_promoted(
         expected = [rng.randbytes(BLOCK) for _ in keys]
         assert tier.lookup(keys[0]) is not LookupResult.HIT
         _child(tmp_path, options, seed=7, n=6)
-        # Not in this process's index: RETRY while a probe looks, then HIT.
-        assert [resolve_lookup(tier, k, TIMEOUT) for k in keys] == [LookupResult.HIT] * 6
+        # Not in this process's index: RETRY while a probe looks, then HIT - once the
+        # "missing" verdict of the first lookup has expired (1 s).
+        wait_until(lambda: [resolve_lookup(tier, k, TIMEOUT) for k in keys]
+                   == [LookupResult.HIT] * 6, "the other engine's blocks found", TIMEOUT)
         poison_slots(ctx.pool, range(10, 16))
         assert JobTracker(tier, TIMEOUT).run_load(keys, range(10, 16)).success
         check_blocks(ctx.pool, list(zip(range(10, 16), expected, strict=True)))

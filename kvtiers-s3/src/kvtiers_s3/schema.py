@@ -16,8 +16,8 @@ _DRAFT = "https://json-schema.org/draft/2020-12/schema"
 MiB = 1 << 20
 
 DEFAULT_CONCURRENCY = 32
-DEFAULT_SEGMENT_BYTES = 8 * MiB
-DEFAULT_PACK_BELOW_BYTES = 1 * MiB
+DEFAULT_SEGMENT_BYTES = 16 * MiB
+DEFAULT_PACK_BELOW_BYTES = 4 * MiB
 PACKINGS = ("auto", "per_block", "segments")
 CLIENTS = ("auto", "boto3", "aiobotocore")
 
