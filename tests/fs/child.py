@@ -122,7 +122,7 @@ def stop_while_writing(root: str, keys: list[bytes], block_bytes: int, log_path:
     # One store thread: the job's blocks are written one after the other, so the
     # stop comes before any other block of the job is written.
     tier = open_tier(ctx, root, 100, threads={"load": 1, "store": 1})
-    ready.put(tier.stores[0].writer)
+    ready.set()  # an Event: a queue's message could still sit in its feeder thread here
     for slot, key in enumerate(keys):
         ctx.pool.block(slot)[:] = block_data(key, block_bytes)
     tier.submit_store(TransferJob(next(_ids), keys, list(range(len(keys)))))

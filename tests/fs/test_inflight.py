@@ -39,12 +39,12 @@ def _start_stopped_writer(mp: Any, children: list[Any], root: Path, keys: list[b
                           log: Path) -> Any:
     """A writer process that has created the temporary file of keys[0] and is
     stopped (SIGSTOP) before writing a byte of it."""
-    queue = mp.Queue()
-    proc = mp.Process(target=stop_while_writing, args=(str(root), keys, BB, str(log), queue),
+    ready = mp.Event()
+    proc = mp.Process(target=stop_while_writing, args=(str(root), keys, BB, str(log), ready),
                       daemon=True)
     children.append(proc)
     proc.start()
-    queue.get(timeout=30)
+    assert ready.wait(30), "the writer did not start"
     deadline = time.monotonic() + 30
     while not _stopped(proc.pid):
         assert time.monotonic() < deadline, "the writer never stopped"
