@@ -61,7 +61,12 @@ def test_blocks_another_process_stored_are_found_and_promoted(
     try:
         keys, rng = blocks(seed=7, n=6)
         expected = [rng.randbytes(BLOCK) for _ in keys]
-        assert tier.lookup(keys[0]) is not LookupResult.HIT
+        # Resolved before the other engine stores: the probe (a HEAD and a segment
+        # listing) has run and cached a "missing" verdict for 1 s. Left unresolved, that
+        # probe could run - and list - while the child is storing (a loaded machine
+        # delays it), so the verdict the test first sees may postdate the store and
+        # still say MISS: the race this test once lost. Now the order is fixed.
+        assert resolve_lookup(tier, keys[0], TIMEOUT) is LookupResult.MISS
         _child(tmp_path, options, seed=7, n=6)
         # Not in this process's index: RETRY while a probe looks, then HIT - once the
         # "missing" verdict of the first lookup has expired (1 s).
