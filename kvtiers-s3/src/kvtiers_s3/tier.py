@@ -7,7 +7,7 @@ Threads and what they may do:
 - the scheduler thread calls `lookup`, `submit_*`, `touch`, `get_finished_jobs`,
   `stats`: dictionary work (`Holdings`), a hand-off to the loop, never I/O;
 - the event loop of the core's `AsyncJobEngine` (one thread) runs every request:
-  `concurrency` at once, loads ahead of stores (`transfers.Transfers`), the deletes
+  `concurrency` at once, loads ahead of stores (`loads.Loads`, `stores.Stores`), the deletes
   of evicted objects, the periodic listing (`rescan_s`) that counts what other
   engines stored, and start-up;
 - the probe thread (`AsyncProbe`) answers lookups of keys this engine has not seen:
@@ -57,11 +57,13 @@ from kvtiers_s3.check import OBJ_PATHS, S3_PATHS, Paths, check_offline
 from kvtiers_s3.connect import open_filesystem
 from kvtiers_s3.errorlog import ErrorLog
 from kvtiers_s3.holdings import Holdings, StoredObject, segment_oid
+from kvtiers_s3.iocontext import IoContext
+from kvtiers_s3.loads import LoadPlan, Loads
 from kvtiers_s3.names import SEGMENTS, block_name, namespace_root, parse_name
 from kvtiers_s3.objects import ObjectStore, describe
 from kvtiers_s3.schema import OBJ_SCHEMA, S3_SCHEMA
 from kvtiers_s3.settings import S3Settings, settings_from_obj, settings_from_s3
-from kvtiers_s3.transfers import LoadPlan, StorePlan, Transfers
+from kvtiers_s3.stores import StorePlan, Stores
 
 __all__ = ["ObjTier", "S3Tier"]
 
@@ -105,11 +107,11 @@ class S3Tier(SecondaryTier):
                                   capacity_bytes=settings.capacity_bytes, entry_bytes=record)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._io = Transfers(ctx, settings, self._holdings, self.ns_root, self._stats,
+        self._io = IoContext(ctx, settings, self._holdings, self.ns_root, self._stats,
                              self._errors, self._spawn)
         loads = max(1, settings.concurrency // 2)
         self._engine = AsyncJobEngine(
-            ctx, load=self._io.load_hooks, store=self._io.store_hooks,
+            ctx, load=Loads(self._io).hooks, store=Stores(self._io).hooks,
             load_concurrency=loads, store_concurrency=max(1, settings.concurrency - loads),
             stats=self._stats, on_close=self._on_close, name=f"kvtiers-{self.name}",
             on_crash=lambda exc: self._errors.record("task", exc))
