@@ -174,7 +174,7 @@ class ObjectStore:
 
     @property
     def streams(self) -> bool:
-        """`stream` is available (S3 through boto3)."""
+        """`stream` and `put_made` are available (S3 through boto3)."""
         return self._boto3 is not None
 
     async def stream(self, name: str, start: int, end: int,
@@ -202,6 +202,38 @@ class ObjectStore:
                 return consume(body)
             finally:
                 body.close()
+
+        fut = asyncio.get_running_loop().run_in_executor(self._boto3.pool, run)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.wait([fut])
+            raise
+
+    async def put_made(self, name: str,
+                       make: Callable[[], bytes | bytearray | None]) -> bool:
+        """PUT the body `make()` returns, both on one request thread (S3 through
+        boto3): the bytes are made right where they are sent, with no hand-off
+        between a copier thread and the request's. Nothing is put when `make`
+        returns None (False). Cancelled, the thread still runs to its end before
+        the cancellation goes on: what `make` reads is never read later."""
+        from botocore.exceptions import ClientError
+        from s3fs.errors import translate_boto_error
+
+        if self._boto3 is None:
+            raise NotImplementedError("put_made needs the boto3 client")
+        bucket, key = self._split(name)
+        client = self._boto3.client
+
+        def run() -> bool:
+            body = make()
+            if body is None:
+                return False
+            try:
+                client.put_object(Bucket=bucket, Key=key, Body=body)
+            except ClientError as exc:
+                raise translate_boto_error(exc) from exc
+            return True
 
         fut = asyncio.get_running_loop().run_in_executor(self._boto3.pool, run)
         try:

@@ -7,8 +7,9 @@ to copy), how the rest maps onto objects - reserves room for them (evicting by
 policy; evicted objects are deleted in the background) and returns one index per
 request, its *leader* (the first of its keys). The leader's item copies the slot
 bytes into the object, with their checksum taken from the same bytes (`codec` /
-`segment`, on a copier thread), and PUTs it, bounded by `timeout_s` and the job's
-deadline. The end hook makes the stored objects visible and settles the other keys
+`segment`), and PUTs it - both on the request's own thread with the boto3 client
+(`ObjectStore.put_made`), else the copy on a copier thread - bounded by `timeout_s`
+and the job's deadline. The end hook makes the stored objects visible and settles the other keys
 the way their request went.
 """
 
@@ -121,11 +122,20 @@ class Stores:
         io = self.io
         plan: StorePlan = job.state
         put = plan.puts[leader]
-        data, members = await io.off_loop(self._encode, job, put, plan.key_failed)
-        if not members:
-            return plan.key_failed.get(leader, FailureReason.IO)
+        made: list[dict[BlockKey, Member]] = []
+
+        def make() -> bytearray | None:
+            data, members = self._encode(job, put, plan.key_failed)
+            made.append(members)
+            return data if members else None
+
         try:
-            await asyncio.wait_for(io.store.put(put.name, data), io.timeout(job))
+            if io.store.streams:  # encoded on the request's own thread: one hand-off
+                await asyncio.wait_for(io.store.put_made(put.name, make), io.timeout(job))
+            else:
+                data = await io.off_loop(make)
+                if data is not None:
+                    await asyncio.wait_for(io.store.put(put.name, data), io.timeout(job))
         except Exception as exc:  # noqa: BLE001 - every failure is a reason, never raised
             reason = classify(exc)
             io.errors.record("store", exc)
@@ -133,6 +143,9 @@ class Stores:
             if put.packed:  # it may have landed: no orphan left behind
                 io.delete_names([put.name])
             return reason
+        members = made[0] if made else {}
+        if not members:
+            return plan.key_failed.get(leader, FailureReason.IO)
         plan.stored[leader] = StoredObject(put.oid, put.name, put.size, members, time.time(),
                                            packed=put.packed)
         return plan.key_failed.get(leader)
