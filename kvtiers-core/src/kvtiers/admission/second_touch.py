@@ -36,7 +36,8 @@ __all__ = ["DEFAULT_WINDOW", "MAX_WINDOW", "MIN_WINDOW", "SecondTouch"]
 DEFAULT_WINDOW = 1 << 20  # keys, when neither the options nor the tier say
 MIN_WINDOW = 1 << 12
 MAX_WINDOW = 1 << 24  # 2 x 32 MiB at 10 bits a key
-PROBES = 4
+PROBES = 4  # `admit` is unrolled for this many
+_M64 = (1 << 64) - 1
 
 
 class SecondTouch(AdmissionPolicy):
@@ -65,24 +66,25 @@ class SecondTouch(AdmissionPolicy):
         return len(self._current) + len(self._previous)
 
     def admit(self, key: BlockKey) -> bool:
-        h = hash(key) & 0xFFFFFFFFFFFFFFFF
-        a, b = h, ((h >> 32) | (h << 32)) & 0xFFFFFFFFFFFFFFFF | 1
-        mask, cur, prev = self._mask, self._current, self._previous
-        seen_cur = seen_prev = True
-        positions = []
-        for i in range(PROBES):
-            p = (a + i * b) & mask
-            byte, bit = p >> 3, 1 << (p & 7)
-            positions.append((byte, bit))
-            if not cur[byte] & bit:
-                seen_cur = False
-            if not prev[byte] & bit:
-                seen_prev = False
-        if seen_cur or seen_prev:
+        # Unrolled (PROBES = 4): this runs on the scheduler thread for every block.
+        h = hash(key) & _M64
+        b = ((h >> 32) | (h << 32)) & _M64 | 1
+        mask = self._mask
+        p0, p1, p2, p3 = h & mask, (h + b) & mask, (h + 2 * b) & mask, (h + 3 * b) & mask
+        cur = self._current
+        if (cur[p0 >> 3] >> (p0 & 7)) & (cur[p1 >> 3] >> (p1 & 7)) \
+                & (cur[p2 >> 3] >> (p2 & 7)) & (cur[p3 >> 3] >> (p3 & 7)) & 1:
             self.admitted += 1
             return True
-        for byte, bit in positions:
-            cur[byte] |= bit
+        prev = self._previous
+        if (prev[p0 >> 3] >> (p0 & 7)) & (prev[p1 >> 3] >> (p1 & 7)) \
+                & (prev[p2 >> 3] >> (p2 & 7)) & (prev[p3 >> 3] >> (p3 & 7)) & 1:
+            self.admitted += 1
+            return True
+        cur[p0 >> 3] |= 1 << (p0 & 7)
+        cur[p1 >> 3] |= 1 << (p1 & 7)
+        cur[p2 >> 3] |= 1 << (p2 & 7)
+        cur[p3 >> 3] |= 1 << (p3 & 7)
         self._added += 1
         if self._added >= self.window_blocks:
             prev[:] = bytes(len(prev))  # C-speed clear, once per window
