@@ -58,6 +58,9 @@ def main() -> int:
     parser.add_argument("--pass-bytes", type=int, default=64 << 20)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--job-blocks", type=int, default=256)
+    parser.add_argument("--layouts", nargs="*", default=[], metavar="JSON",
+                        help='more tier rows, each with these layout options, such as '
+                        '\'{"packing": "segments", "segment_bytes": 8388608}\'')
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     bb, conc = args.block_bytes, args.concurrency
@@ -77,6 +80,12 @@ def main() -> int:
         cases += [(f"tier-{packing}", functools.partial(
             tier_pass, server, blocks, concurrency=conc, job_blocks=args.job_blocks,
             packing=packing, client="boto3")) for packing in ("per_block", "auto")]
+        for text in args.layouts:
+            layout = json.loads(text)
+            cases.append((f"tier-{'-'.join(f'{k}={v}' for k, v in layout.items())}",
+                          functools.partial(tier_pass, server, blocks, concurrency=conc,
+                                            job_blocks=args.job_blocks, packing="auto",
+                                            client="boto3", layout=layout)))
         try:
             fn0 = cases[0][1]
             fn0(f"warm-{uuid.uuid4().hex[:8]}")  # connections, server caches
