@@ -40,10 +40,10 @@ bench: setup
 
 # ruff with the rules of pyproject.toml, mypy strict on the distributions' sources
 # and on the example tiers docs/plugins.md shows (what authors copy must type-check).
-LINT_PATHS := kvtiers-core kvtiers-fs kvtiers-vllm kvtiers-p2p tests bench examples
-TYPED_PATHS := kvtiers-core/src kvtiers-fs/src kvtiers-vllm/src kvtiers-p2p/src tests/vllm \
-	tests/p2p examples/kvtiers-scratch/src examples/kvtiers-scratch/tests \
-	examples/kvtiers-sqlite/src examples/embedding
+LINT_PATHS := $(dir $(DISTS)) tests bench examples
+TYPED_PATHS := $(addsuffix src,$(dir $(DISTS))) tests/vllm tests/p2p \
+	examples/kvtiers-scratch/src examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src \
+	examples/embedding
 
 lint: setup $(VLLM_STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)

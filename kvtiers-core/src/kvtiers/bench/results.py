@@ -222,6 +222,7 @@ class RunResult:
                     "read_gbps_run": d.get("read_gbps_run", 0.0),
                     "cascaded_blocks": t.get("cascaded_blocks", 0),
                     "cascades_dropped": t.get("cascades_dropped", 0),
+                    "cascades_not_admitted": t.get("cascades_not_admitted", 0),
                     "cascade_failures": t.get("cascade_failures", 0),
                     "promotion_failures": t.get("promotion_failures", 0),
                     "timeouts": t.get("timeouts", 0),

@@ -215,6 +215,8 @@ def _bench(args: argparse.Namespace) -> int:
     from kvtiers.bench.presets import PrefillCost, geometry_from
     from kvtiers.bench.workload import WorkloadSpec
     from kvtiers.config import load_config
+    from kvtiers.config.redact import redact_config
+    from kvtiers.plugins import get_registry
 
     geometry = geometry_from(
         args.model,
@@ -287,7 +289,7 @@ def _bench(args: argparse.Namespace) -> int:
                     else "kvtiers bench",
                     "machine": report.machine_info(),
                     "config_source": source,
-                    "config": config.to_dict(),
+                    "config": redact_config(config.to_dict(), get_registry()),
                     "geometry": geometry.as_dict(),
                     "workload": {
                         **dataclasses.asdict(spec),

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvtiers.config import KvtiersConfig, TierSection
 from kvtiers.config.model import thaw
+from kvtiers.config.redact import REDACTED, is_secret
 from kvtiers.config.schema import CORE_SCHEMA, is_tier_schema, properties
 from kvtiers.humanize import format_bytes
 from kvtiers.plugins.registry import Registry
@@ -65,6 +66,8 @@ def _option(key: str, value: Any, schema: Any, indent: str) -> list[str]:
             if name not in nested:
                 out.extend(_option(f"{key}.{name}", value[name], {}, indent))
         return out
+    if is_secret(sub):  # a credential: never shown
+        return [f"{indent}{key:<{_WIDTH - len(indent)}}\"{REDACTED}\""]
     text = json.dumps(value, separators=(", ", ": "))
     if "bytes" in key.rsplit(".", 1)[-1] and isinstance(value, int) and not isinstance(value, bool):
         text += f" ({format_bytes(value)})"

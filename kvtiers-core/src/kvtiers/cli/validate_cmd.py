@@ -4,7 +4,8 @@ Exit 0 with a short summary of the resolved stack on stdout (`--show`: every
 option; `--json`: the kvtiers document), warnings and notes (what the tiers'
 machine checks found, a capacity derived for a vLLM config) on stderr; exit 2 with
 one `error: <path>: <message>` line per problem (printed by `kvtiers.cli.main`),
-the warnings and notes too. Imports no torch and no tier code.
+the warnings and notes too. Imports no torch and no tier code. Options a tier's
+schema marks `"writeOnly": true` (credentials) print as `***`, in every form.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from kvtiers.config import KvtiersConfig, TierSection
 from kvtiers.config.model import thaw
+from kvtiers.config.redact import redact, redact_config
 from kvtiers.config.schema import properties
 from kvtiers.errors import ConfigError
 from kvtiers.humanize import format_bytes
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     _warn(config.warnings)
     _note(config.notes)
     if args.json:
-        print(json.dumps(config.to_dict(), indent=2))
+        print(json.dumps(redact_config(config.to_dict(), registry), indent=2))
     elif args.show:
         from kvtiers.cli import show
 
@@ -140,7 +142,8 @@ def _tier_lines(tier: TierSection, registry: Registry, lead: str, indent: str) -
         if isinstance(value, TierSection):
             nested.append((key, value))
         elif _worth_showing(key, value, properties(schema)):
-            plain.append(f"{key}={_show(key, value)}")
+            shown = redact(thaw(value), properties(schema).get(key), registry)
+            plain.append(f"{key}={_show(key, shown)}")
     head = f"{lead}{tier.type} ({origin})"
     lines = [head + (": " + ", ".join(plain) if plain else "")]
     for key, inner in nested:

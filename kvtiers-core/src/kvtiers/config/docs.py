@@ -14,6 +14,7 @@ from typing import Any
 
 from kvtiers.config.messages import numeric_bounds
 from kvtiers.config.schema import (
+    ADMISSION_SCHEMA,
     CORE_SCHEMA,
     is_policy_schema,
     is_tier_array_schema,
@@ -95,7 +96,8 @@ def render(registry: Registry | None = None) -> str:
     """The whole page. `registry` defaults to the core's built-ins only."""
     if registry is None:
         registry = load_registry(entry_points=[], environ={})
-    parts = [_INTRO, "## Top-level keys\n", _table(CORE_SCHEMA), _TIERS_TEXT, _vllm_text(registry)]
+    parts = [_INTRO, "## Top-level keys\n", _table(CORE_SCHEMA), _TIERS_TEXT,
+             _admission_text(registry), _vllm_text(registry)]
     parts.append("## Built-in tiers\n")
     for name, reg in sorted(registry.tiers.items()):
         if reg.distribution != "kvtiers-core":
@@ -136,6 +138,45 @@ A `title` on a value's schema (`"an absolute path"`) is how messages name what i
 expected. Defaults are taken from `default` on each property (`properties` and
 `items` are followed, `$ref` is not).
 """
+
+
+def _admission_text(registry: Registry) -> str:
+    rows = []
+    for name, reg in sorted(registry.admissions.items()):
+        if reg.distribution != "kvtiers-core":
+            continue
+        about = _escape(reg.record.description)
+        options = option_rows(reg.record.schema)
+        rows.append(f"### Admission `{name}`\n\n{about[:1].upper()}{about[1:]}.\n")
+        if options:
+            rows.append(_table(reg.record.schema))
+    return f"""\
+## Admission: which blocks reach a tier
+
+Every entry of `secondary_tiers` takes `admission` besides its tier's options
+(the manager reads it; the tier never sees it). {_escape(ADMISSION_SCHEMA["description"])}
+Default `"all"`. Policies are registered by name like eviction policies (`kvtiers
+plugins` lists them; a plugin adds one with `kvtiers_register_admissions`).
+
+```json
+{{"type": "s3", "url": "s3://kv-cache/prod", "capacity_bytes": 1000000000000,
+ "admission": "second_touch"}}
+```
+
+The manager asks the tier's policy each time it would queue a copy of a block to
+that tier (write_through: the block was stored in the CPU pool; write_back: the
+pool is evicting it), on the scheduler thread, in O(1); a refused block is not
+copied and is counted in the tier's `cascades_not_admitted` (`kvtiers bench`,
+`stats()`). Under write_back a refused victim leaves the pool at once, as when no
+tier takes it. `second_touch` admits a block the second time it is offered within
+its window: the first store of a block that is never reused costs the tier nothing
+(no PUT on an object store), a block that comes back is copied then and served from
+the tier from its third use on. Its memory is fixed (two Bloom filters of
+`window_blocks` keys: 4 MiB for a million), whatever the number of keys offered.
+`admission` is not allowed on nested tier sections (the `faulty` tier's `inner`):
+the manager cascades only to the entries of `secondary_tiers`.
+
+{chr(10).join(rows)}"""
 
 
 def _vllm_text(registry: Registry) -> str:

@@ -271,7 +271,10 @@ def problems_from_error(
     if keyword in ("minItems", "maxItems", "uniqueItems"):
         return [ConfigProblem(path, _items_message(keyword, expected, error.instance))]
     if keyword in _DESCRIBED:
-        message = f"expected {describe(schema)}, found {found(error.instance)}"
+        # A credential (`"writeOnly": true`) is never repeated back, not even a wrong one.
+        what = "a value not shown here" if schema.get("writeOnly") is True else found(
+            error.instance)
+        message = f"expected {describe(schema)}, found {what}"
         if keyword == "enum" and isinstance(error.instance, str):
             message += did_you_mean(error.instance, [v for v in expected if isinstance(v, str)])
         return [ConfigProblem(path, message)]

@@ -28,10 +28,20 @@ class TierSection:
     type: str
     options: Mapping[str, Any]
     path: str = "$"
+    #: the admission policy of an entry of `secondary_tiers` (`kvtiers.admission`)
+    #: and its options, defaults filled in; "all" on nested sections
+    admission: str = "all"
+    admission_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_dict(self) -> dict[str, Any]:
-        """The section as JSON data: `{"type": ..., **options}`."""
-        return {"type": self.type, **thaw(self.options)}
+        """The section as JSON data: `{"type": ..., **options}`, with `admission`
+        unless it is the default."""
+        out = {"type": self.type, **thaw(self.options)}
+        if self.admission_options:
+            out["admission"] = {"policy": self.admission, **thaw(self.admission_options)}
+        elif self.admission != "all":
+            out["admission"] = self.admission
+        return out
 
     def walk(self) -> list[TierSection]:
         """This section and every section nested in its options, outermost first."""

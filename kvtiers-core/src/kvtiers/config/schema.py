@@ -171,6 +171,31 @@ CORE_SCHEMA: Mapping[str, Any] = {
 }
 
 
+#: The key every entry of `secondary_tiers` takes besides its tier's own options:
+#: which blocks the manager cascades to that tier (`kvtiers.admission`). Taken out
+#: of the section before the tier's schema sees it (a tier whose schema has its own
+#: `admission` keeps it); not allowed on nested sections, which the manager never
+#: cascades to directly.
+ADMISSION_KEY = "admission"
+ADMISSION_SCHEMA: Mapping[str, Any] = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {
+            "type": "object",
+            "required": ["policy"],
+            "properties": {"policy": {"type": "string", "minLength": 1}},
+        },
+    ],
+    "default": "all",
+    "description": (
+        "Which blocks the manager cascades to this tier: the name of a registered "
+        "admission policy (`all`: every block; `second_touch`: a block only when it "
+        "is offered a second time, having proven reuse), or an object "
+        '`{"policy": NAME, ...options}` with that policy\'s options.'
+    ),
+}
+
+
 def is_tier_schema(schema: Any) -> bool:
     """True for a subschema marked as a tier section."""
     return isinstance(schema, Mapping) and schema.get(TIER_MARK) == TIER_MARK_VALUE

@@ -29,6 +29,7 @@ from kvtiers.config.model import TierSection, freeze
 from kvtiers.config.paths import PathParts, join
 from kvtiers.config.plugin_hints import disabled_hint
 from kvtiers.config.schema import (
+    ADMISSION_KEY,
     is_policy_schema,
     is_tier_array_schema,
     is_tier_schema,
@@ -154,6 +155,10 @@ class Checker:
             self.problem(join(path, "type"), str(exc))
             return None
         options = {k: v for k, v in raw.items() if k != "type"}
+        admission: tuple[str, dict[str, Any]] = ("all", {})
+        if depth == 1 and ADMISSION_KEY not in properties(record.schema):
+            admission = self._admission(options.pop(ADMISSION_KEY, "all"),
+                                        join(path, ADMISSION_KEY))
         renames: dict[PathParts, PathParts] = {}
         aliases = record.aliases if isinstance(record.aliases, Mapping) else {}
         if self.vllm:
@@ -167,7 +172,31 @@ class Checker:
             aliases=aliases,
             depth=depth,
         )
-        return TierSection(name, freeze(options), path)
+        return TierSection(name, freeze(options), path, admission[0], freeze(admission[1]))
+
+    def _admission(self, raw: Any, path: str) -> tuple[str, dict[str, Any]]:
+        """A tier section's `admission`: (policy name, its options with defaults),
+        checked against the registry and the policy's schema."""
+        if isinstance(raw, str) and raw:
+            name, options = raw, {}
+        elif isinstance(raw, dict) and isinstance(raw.get("policy"), str) and raw["policy"]:
+            name = raw["policy"]
+            options = {k: copy.deepcopy(v) for k, v in raw.items() if k != "policy"}
+        else:
+            self.problem(path, "expected the name of an admission policy or an object "
+                               f'{{"policy": NAME, ...options}}, found {found(raw)}')
+            return "all", {}
+        try:
+            record = self.registry.get("admission", name).record
+        except UnknownNameError as exc:
+            self.problem(path if isinstance(raw, str) else join(path, "policy"),
+                         str(exc) + disabled_hint("admission", name))
+            return "all", {}
+        except PluginError as exc:
+            self.problem(path, str(exc))
+            return "all", {}
+        options = self.section(record.schema, options, path, owner=f'admission "{name}"')
+        return name, options
 
     def _vllm_wrapper(self, raw: dict[str, Any], path: str, depth: int) -> TierSection | None:
         """kvtiers-vllm's tier entry of vLLM's config (`{"type": "kvtiers", "tier":

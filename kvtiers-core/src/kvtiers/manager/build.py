@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 
+from kvtiers.admission.base import AdmissionPolicy
+from kvtiers.admission.build import build_admission
 from kvtiers.clock import Clock, monotonic
-from kvtiers.config.model import KvtiersConfig
+from kvtiers.config.model import KvtiersConfig, TierSection
 from kvtiers.errors import ConfigError, ConfigProblem, PluginError
 from kvtiers.humanize import format_bytes
 from kvtiers.manager.manager import TieringOffloadingManager
@@ -80,12 +82,14 @@ def build_manager(
     names = tier_names(config)
     tiers: list[SecondaryTier] = []
     from kvtiers.metrics_instrument import MeteredTier  # it imports the manager
+    admissions: list[AdmissionPolicy | None] = []
     try:
         for name, section in zip(names, config.secondary_tiers, strict=True):
             assert pool is not None and namespace is not None
             sink = NullMetrics() if metrics is None else LabelledSink(metrics, tier=name)
             ctx = TierContext(pool, namespace, clock, logger.getChild(name), sink, name)
             tier = create_tier(section, ctx, registry)
+            admissions.append(_admission(registry, section, tier, pool.block_bytes))
             # With metrics, each tier is wrapped to record its lookups and jobs.
             tiers.append(tier if metrics is None else MeteredTier(tier, name, metrics))
         manager = TieringOffloadingManager(
@@ -101,6 +105,7 @@ def build_manager(
             require_verified_tiers=config.require_verified_tiers,
             tier_names=names,
             enable_events=config.enable_kv_events if enable_events is None else enable_events,
+            admissions=admissions,
         )
         # The contract: a tier that serves peers is handed its parent once, by the
         # thread that builds the manager.
@@ -112,6 +117,20 @@ def build_manager(
         for tier in tiers:
             tier.close()
         raise
+
+
+def _admission(
+    registry: Registry, section: TierSection, tier: SecondaryTier, block_bytes: int
+) -> AdmissionPolicy | None:
+    """The section's admission policy, sized by the tier's capacity in blocks."""
+    if section.admission == "all" and not section.admission_options:
+        return None
+    try:
+        capacity = tier.stats().capacity_bytes
+    except Exception:  # noqa: BLE001 - a tier that cannot say leaves the default size
+        capacity = None
+    blocks = capacity // block_bytes if capacity else None
+    return build_admission(registry, section.admission, section.admission_options, blocks)
 
 
 def _check_pool(config: KvtiersConfig, pool: PoolView) -> int:

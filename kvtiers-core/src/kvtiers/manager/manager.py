@@ -25,7 +25,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtiers.clock import Clock, monotonic
 from kvtiers.errors import KvtiersError
@@ -41,6 +41,9 @@ from kvtiers.manager.tier_traffic import TierTraffic
 from kvtiers.parent import ParentManager
 from kvtiers.policies.base import EvictionPolicy
 from kvtiers.tier import SecondaryTier
+
+if TYPE_CHECKING:
+    from kvtiers.admission.base import AdmissionPolicy
 
 WRITE_POLICIES = ("write_through", "write_back")
 
@@ -69,6 +72,7 @@ class TieringOffloadingManager(ParentManager):
         require_verified_tiers: bool = False,
         tier_names: Sequence[str] | None = None,
         enable_events: bool = False,
+        admissions: Sequence[AdmissionPolicy | None] | None = None,
     ):
         if write_policy not in WRITE_POLICIES:
             raise ValueError(
@@ -97,6 +101,7 @@ class TieringOffloadingManager(ParentManager):
             clock=clock, job_timeout_s=job_timeout_s, queue_limit=cascade_queue_blocks,
             max_job_blocks=max_job_blocks, max_inflight_cascade_blocks=max_inflight_cascade_blocks,
             breaker_failures=breaker_failures, breaker_cooldown_s=breaker_cooldown_s,
+            admissions=admissions,
         )  # fmt: skip
         self._peers = PeerJobs(self._slots, next_id)
         self._has_tiers = bool(tiers)

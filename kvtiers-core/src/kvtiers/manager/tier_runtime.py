@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtiers.keys import BlockKey
 from kvtiers.manager.breaker import CircuitBreaker
 from kvtiers.tier import SecondaryTier
+
+if TYPE_CHECKING:
+    from kvtiers.admission.base import AdmissionPolicy
 
 
 @dataclass
@@ -19,6 +22,7 @@ class TierCounters:
     promotion_failures: int = 0
     cascaded_blocks: int = 0  # blocks copied down successfully
     cascades_dropped: int = 0  # cascades refused because the queue was full or tier down
+    cascades_not_admitted: int = 0  # cascades the tier's admission policy refused
     cascade_failures: int = 0
     timeouts: int = 0  # jobs past their deadline
     lookup_errors: int = 0
@@ -39,6 +43,7 @@ class TierRuntime:
     tier: SecondaryTier
     breaker: CircuitBreaker
     queue_limit: int
+    admission: AdmissionPolicy | None = None  # None: every block is admitted (`all`)
     # Cascades waiting for submission: (key, slot). Each queued entry holds a pin.
     queue: deque[tuple[BlockKey, int]] = field(default_factory=deque)
     # Promotions reserved during this step, submitted as one job in step().

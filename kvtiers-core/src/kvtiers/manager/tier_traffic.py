@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtiers.clock import Clock
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
@@ -28,6 +28,9 @@ from kvtiers.manager.slot_table import SlotTable
 from kvtiers.manager.tier_runtime import TierJob, TierRuntime
 from kvtiers.tier import SecondaryTier
 from kvtiers.tier_events import TierEvents
+
+if TYPE_CHECKING:
+    from kvtiers.admission.base import AdmissionPolicy
 
 _log = logging.getLogger("kvtiers.manager")
 
@@ -54,6 +57,7 @@ class TierTraffic:
         max_inflight_cascade_blocks: int,
         breaker_failures: int,
         breaker_cooldown_s: float,
+        admissions: Sequence[AdmissionPolicy | None] | None = None,
     ):
         self._slots = slots
         self._events = events
@@ -65,7 +69,7 @@ class TierTraffic:
         self.tiers = [
             TierRuntime(
                 i, names[i], t, CircuitBreaker(clock, breaker_failures, breaker_cooldown_s),
-                queue_limit,
+                queue_limit, admissions[i] if admissions else None,
             )
             for i, t in enumerate(tiers)
         ]  # fmt: skip
@@ -124,6 +128,9 @@ class TierTraffic:
         busy = len(rt.queue) + rt.inflight_cascade_blocks + rt.stuck_blocks
         if busy >= rt.queue_limit or not rt.breaker.allows():
             rt.counters.cascades_dropped += 1
+            return False
+        if rt.admission is not None and not rt.admission.admit(key):  # None: admit all
+            rt.counters.cascades_not_admitted += 1
             return False
         rt.queue.append((key, slot))
         self._slots.hold(key, slot)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pluggy
 
-from kvtiers.plugins.records import CommandRecord, PolicyRecord, TierRecord
+from kvtiers.plugins.records import AdmissionRecord, CommandRecord, PolicyRecord, TierRecord
 
 PROJECT = "kvtiers"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -22,6 +22,11 @@ def kvtiers_register_tiers() -> list[TierRecord]:  # type: ignore[empty-body]
 @hookspec
 def kvtiers_register_policies() -> list[PolicyRecord]:  # type: ignore[empty-body]
     """Eviction policies this plugin provides."""
+
+
+@hookspec
+def kvtiers_register_admissions() -> list[AdmissionRecord]:  # type: ignore[empty-body]
+    """Admission policies (which blocks cascade to a tier) this plugin provides."""
 
 
 @hookspec

@@ -94,6 +94,22 @@ class PolicyRecord:
 
 
 @dataclass(frozen=True)
+class AdmissionRecord:
+    """An admission policy (`kvtiers.admission`): `cls` builds it as
+    `cls(capacity_blocks=None | int, **options)`, `options` validated against
+    `schema` (the object form of a tier section's `admission`)."""
+
+    name: str
+    cls: str | type
+    description: str
+    contract_version: int
+    schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+    def load(self) -> type:
+        return _resolve(self.cls)
+
+
+@dataclass(frozen=True)
 class CommandRecord:
     """A `kvtiers` sub-command. `add_arguments` fills its argparse sub-parser;
     `run(args)` returns the exit status. Each is a function or, better, a lazy

@@ -32,7 +32,7 @@ import pluggy
 from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.errors import PluginError, UnknownNameError
 from kvtiers.plugins import hookspecs
-from kvtiers.plugins.records import CommandRecord, PolicyRecord, TierRecord
+from kvtiers.plugins.records import AdmissionRecord, CommandRecord, PolicyRecord, TierRecord
 
 ENTRY_POINT_GROUP = "kvtiers"
 ENV_DISABLE = "KVTIERS_PLUGINS_DISABLE"
@@ -42,18 +42,20 @@ CORE_DISTRIBUTION = "kvtiers-core"
 DEFAULT_PLUGINS = (
     "kvtiers.default_plugins.tiers",
     "kvtiers.default_plugins.policies",
+    "kvtiers.default_plugins.admission",
     "kvtiers.default_plugins.commands",
 )
 BUILTIN = "builtin"
 
-R = TypeVar("R", TierRecord, PolicyRecord, CommandRecord)
+R = TypeVar("R", TierRecord, PolicyRecord, AdmissionRecord, CommandRecord)
 
-AnyRecord = TierRecord | PolicyRecord | CommandRecord
+AnyRecord = TierRecord | PolicyRecord | AdmissionRecord | CommandRecord
 
 # hook name -> (kind, record type)
 _HOOKS: dict[str, tuple[str, type[AnyRecord]]] = {
     "kvtiers_register_tiers": ("tier", TierRecord),
     "kvtiers_register_policies": ("policy", PolicyRecord),
+    "kvtiers_register_admissions": ("admission", AdmissionRecord),
     "kvtiers_register_commands": ("command", CommandRecord),
 }
 
@@ -84,6 +86,7 @@ class PluginFailure:
 class Registry:
     tiers: dict[str, Registered[TierRecord]] = field(default_factory=dict)
     policies: dict[str, Registered[PolicyRecord]] = field(default_factory=dict)
+    admissions: dict[str, Registered[AdmissionRecord]] = field(default_factory=dict)
     commands: dict[str, Registered[CommandRecord]] = field(default_factory=dict)
     failures: list[PluginFailure] = field(default_factory=list)
     # (kind, name) -> every registration of a name claimed more than once
@@ -91,7 +94,8 @@ class Registry:
 
     def _table(self, kind: str) -> dict[str, Registered[Any]]:
         tables: dict[str, dict[str, Registered[Any]]] = {
-            "tier": self.tiers, "policy": self.policies, "command": self.commands,
+            "tier": self.tiers, "policy": self.policies, "admission": self.admissions,
+            "command": self.commands,
         }  # fmt: skip
         return tables[kind]
 
@@ -119,10 +123,13 @@ class Registry:
     def get_policy(self, name: str) -> Registered[PolicyRecord]:
         return self.get("policy", name)
 
+    def get_admission(self, name: str) -> Registered[AdmissionRecord]:
+        return self.get("admission", name)
+
     def listing(self) -> list[dict[str, Any]]:
         """One row per registered thing and per failure, for `kvtiers plugins`."""
         rows: list[dict[str, Any]] = []
-        for kind in ("tier", "policy", "command"):
+        for kind in ("tier", "policy", "admission", "command"):
             for name, reg in sorted(self._table(kind).items()):
                 rows.append(_row(name, kind, reg, "ok", None))
         for (kind, name), regs in sorted(self.conflicts.items()):
@@ -183,7 +190,8 @@ def unknown_name_message(
 
 
 # Tiers we ship as separate distributions: an install hint when they are missing.
-_KNOWN_DISTRIBUTIONS = {"fs": "kvtiers-fs", "s3": "kvtiers-s3", "p2p": "kvtiers-p2p"}
+_KNOWN_DISTRIBUTIONS = {"fs": "kvtiers-fs", "s3": "kvtiers-s3", "obj": "kvtiers-s3",
+                        "p2p": "kvtiers-p2p"}
 
 
 def install_hint(tier: str) -> str | None:

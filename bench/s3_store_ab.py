@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""The s3 tier's stores and loads against the raw clients, interleaved, on one
+SeaweedFS (started here): the same blocks, the same concurrency, rounds whose order
+rotates, medians per row, and the tier's share of the best raw client of each
+round (the ratio is taken within the round, then its median: rounds differ on a
+shared machine, a ratio in one round does not).
+
+    .venv/bin/python bench/s3_store_ab.py --rounds 7 --block-bytes 2097152
+    .venv/bin/python bench/s3_store_ab.py --block-bytes 65536 --pass-bytes 16777216
+
+Rows: raw boto3 with threads, raw s3fs async, raw `ObjectStore` (aiobotocore and
+boto3), the tier per-block (boto3) and the tier with its default layout (`auto`).
+Tier loads are jobs of --job-blocks submitted at once; the p50/p99 of their
+latency (submit to result) and of the raw clients' requests are printed too.
+Results: bench/results/s3_store_ab_<block>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+for _dist in ("kvtiers-core", "kvtiers-s3"):
+    sys.path.insert(0, str(REPO / _dist / "src"))
+
+from bench.s3_bench import (  # noqa: E402
+    Boto3Threads,
+    S3fsAsync,
+    Timed,
+    _blocks,
+    _delete_all,
+    _pct,
+    raw_pass,
+)
+from bench.s3_tier_bench import tier_pass  # noqa: E402
+from tests.s3.servers import start_server  # noqa: E402
+
+RAW = ("boto3-threads", "s3fs-async", "objectstore", "objectstore-boto3")
+
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--block-bytes", type=int, default=2 << 20)
+    parser.add_argument("--pass-bytes", type=int, default=64 << 20)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--job-blocks", type=int, default=256)
+    parser.add_argument("--layouts", nargs="*", default=[], metavar="JSON",
+                        help='more tier rows, each with these layout options, such as '
+                        '\'{"packing": "segments", "segment_bytes": 8388608}\'')
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    bb, conc = args.block_bytes, args.concurrency
+    n = max(4, args.pass_bytes // bb)
+    mbs: dict[tuple[str, str], list[float]] = {}
+    lat: dict[tuple[str, str], list[float]] = {}
+    share: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="kvtiers-s3-ab-") as tmp, \
+            start_server("seaweedfs", Path(tmp) / "server") as server:
+        clients: dict[str, Any] = {"boto3-threads": Boto3Threads(server, conc),
+                   "s3fs-async": S3fsAsync(server, conc),
+                   "objectstore": S3fsAsync(server, conc, objectstore=True),
+                   "objectstore-boto3": S3fsAsync(server, conc, objectstore=True, boto3=True)}
+        blocks = functools.partial(_blocks, n, bb)
+        cases: list[tuple[str, Callable[[str], dict[str, Timed]]]] = [
+            (name, functools.partial(raw_pass, c, blocks)) for name, c in clients.items()]
+        cases += [(f"tier-{packing}", functools.partial(
+            tier_pass, server, blocks, concurrency=conc, job_blocks=args.job_blocks,
+            packing=packing, client="boto3")) for packing in ("per_block", "auto")]
+        for text in args.layouts:
+            layout = json.loads(text)
+            cases.append((f"tier-{'-'.join(f'{k}={v}' for k, v in layout.items())}",
+                          functools.partial(tier_pass, server, blocks, concurrency=conc,
+                                            job_blocks=args.job_blocks, packing="auto",
+                                            client="boto3", layout=layout)))
+        try:
+            fn0 = cases[0][1]
+            fn0(f"warm-{uuid.uuid4().hex[:8]}")  # connections, server caches
+            for r in range(args.rounds):
+                shift = r % len(cases)
+                this: dict[tuple[str, str], float] = {}
+                for name, fn in cases[shift:] + cases[:shift]:
+                    prefix = f"ab-{uuid.uuid4().hex[:8]}"
+                    for op, (secs, req) in fn(prefix).items():
+                        this[(name, op)] = n * bb / secs / 1e6
+                        mbs.setdefault((name, op), []).append(this[(name, op)])
+                        lat.setdefault((name, op), []).extend(x * 1e3 for x in req)
+                    _delete_all(server, prefix + "/")
+                for (name, op), v in this.items():
+                    best = max(this[(raw, op)] for raw in RAW)
+                    share.setdefault((name, op), []).append(v / best)
+                print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+        finally:
+            for c in clients.values():
+                c.close()
+    rows: list[dict[str, Any]] = [
+        {"client": name, "op": op, "mb_s": statistics.median(v), "mb_s_runs": v,
+         "share_of_best_raw": statistics.median(share[(name, op)]),
+         "p50_ms": _pct(lat[(name, op)], 0.5), "p99_ms": _pct(lat[(name, op)], 0.99)}
+        for (name, op), v in sorted(mbs.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+    print(f"{bb} B blocks, {n} a pass, concurrency {conc}, median of {args.rounds} rounds")
+    print(f"{'op':<6} {'client':<20} {'MB/s':>7} {'of best raw':>12} {'p50 ms':>8} {'p99 ms':>8}")
+    for row in rows:
+        print(f"{row['op']:<6} {row['client']:<20} {row['mb_s']:>7.0f} "
+              f"{row['share_of_best_raw'] * 100:>11.0f}% {row['p50_ms']:>8.1f} "
+              f"{row['p99_ms']:>8.1f}")
+    out = args.json or REPO / "bench" / "results" / f"s3_store_ab_{bb // 1024}k.json"
+    doc = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+           "machine": {"host": platform.node(), "cpus": os.cpu_count(),
+                       "python": platform.python_version()},
+           "block_bytes": bb, "blocks": n, "concurrency": conc, "rounds": args.rounds,
+           "rows": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

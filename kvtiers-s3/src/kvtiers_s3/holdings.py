@@ -1,0 +1,181 @@
+"""`Holdings`: what the tier holds - objects in a `BoundedIndex`, and which object
+holds each key.
+
+The unit of capacity and eviction is the *object*: a block of the per-block layout,
+or a whole packed segment. A segment's blocks were stored by one job (consecutive
+blocks of a request's prefix, which age together) and leave together: evicting
+one of them deletes the object, so the bytes counted are exactly the bytes stored,
+never a segment kept alive by one block. The index's keys are object ids (a block's
+own key, or `SEGMENT_TAG` + the segment's name); the key map sends each block key
+to the object holding its live copy.
+
+Threads: `lookup`, `pin` and `touch` are for the scheduler thread: dictionary
+reads and the index's O(1) operations, never this class's lock. Everything else
+(the tier's event loop, the probe thread) takes the lock for the key map, and is
+O(1) per key it names. Removals are reported to `ctx.events` as block keys.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvtiers.keys import BlockKey
+from kvtiers.sdk.index import BoundedIndex, Pins, Reservation
+from kvtiers.tier import TierContext
+
+__all__ = ["SEGMENT_TAG", "Holdings", "Member", "StoredObject", "segment_oid"]
+
+#: prefix of a segment's object id (block keys never start with a NUL and this)
+SEGMENT_TAG = b"\x00kvtiers-s3 segment\x00"
+
+
+def segment_oid(name: str) -> bytes:
+    return SEGMENT_TAG + name.rsplit("/", 1)[-1].encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """Where one block's record lies in its object."""
+
+    offset: int
+    length: int
+    checksum: int | None = None  # from a segment index; per-block records carry theirs
+
+
+@dataclass(eq=False, slots=True)
+class StoredObject:
+    """One object of the tier's namespace (compared by identity)."""
+
+    oid: bytes
+    name: str
+    size: int  # bytes on the store: what counts against capacity
+    members: dict[BlockKey, Member]  # live blocks in it
+    mtime: float  # wall-clock seconds when it was stored (ttl_s)
+    packed: bool = False
+    #: index bytes of a segment (start-up read them; a load needs none)
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Holdings:
+    """See the module doc."""
+
+    def __init__(self, ctx: TierContext, *, policy: str, capacity_bytes: int,
+                 entry_bytes: int):
+        self._events = ctx.events
+        self.index: BoundedIndex[StoredObject] = BoundedIndex(
+            ctx.make_policy(policy, max(1, capacity_bytes // max(1, entry_bytes))),
+            capacity_bytes, on_removed=self._removed)
+        self._keys: dict[BlockKey, StoredObject] = {}
+        self._objects: dict[bytes, StoredObject] = {}
+        self._lock = threading.RLock()
+
+    # Scheduler thread.
+
+    def lookup(self, key: BlockKey) -> StoredObject | None:
+        """The object holding `key`'s live copy, or None. O(1), no lock."""
+        obj = self._keys.get(key)
+        if obj is None or self.index.get(obj.oid) is not obj:
+            return None
+        return obj
+
+    def pin(self, keys: Sequence[BlockKey]) -> tuple[Pins[StoredObject], list[StoredObject | None]]:
+        """Pin the objects of `keys` (each once) until the Pins are released; the
+        object of each key, None where the tier does not hold it."""
+        objects = [self.lookup(k) for k in keys]
+        oids = list(dict.fromkeys(o.oid for o in objects if o is not None))
+        pins = self.index.pin(oids)
+        pinned = {id(loc) for loc in pins.locations if loc is not None}
+        return pins, [o if o is not None and id(o) in pinned else None for o in objects]
+
+    def touch(self, keys: Iterable[BlockKey]) -> None:
+        oids = []
+        for key in keys:
+            obj = self._keys.get(key)
+            if obj is not None:
+                oids.append(obj.oid)
+        if oids:
+            self.index.touch(dict.fromkeys(oids))
+
+    # The loop and the probe thread.
+
+    def reserve(self, objects: Sequence[tuple[bytes, int]]) -> Reservation[StoredObject]:
+        """Room for new objects `(oid, size)`; evicted objects are in the result's
+        `evicted` (delete them) and already gone from the key map."""
+        with self._lock:
+            return self.index.reserve(objects)
+
+    def commit(self, room: Reservation[StoredObject], obj: StoredObject) -> bool:
+        """A new object is stored: make it and its blocks visible. False when its
+        id was committed by someone else meanwhile (discard this copy)."""
+        with self._lock:
+            if not room.commit(obj.oid, obj):
+                return False
+            self._adopt(obj)
+            return True
+
+    def add(self, obj: StoredObject) -> list[StoredObject]:
+        """An object found on the store (start-up, a probe). Returns the objects to
+        delete: evicted to make room, or `obj` itself when it does not fit; an
+        object whose id is held already is ignored (empty list)."""
+        with self._lock:
+            if obj.oid in self._objects:
+                return []
+            try:
+                gone = self.index.add(obj.oid, obj, obj.size)
+            except KeyError:
+                return []
+            if all(o is not obj for _, o in gone):
+                self._adopt(obj)
+            return [o for _, o in gone]
+
+    def drop(self, obj: StoredObject, key: BlockKey | None = None) -> bool:
+        """Forget block `key` of `obj` (None: every block of it). True when the
+        object holds no live block any more and has left the index: delete it."""
+        with self._lock:
+            keys = list(obj.members) if key is None else [key]
+            gone = []
+            for k in keys:
+                if obj.members.pop(k, None) is not None and self._keys.get(k) is obj:
+                    del self._keys[k]
+                    gone.append(k)
+            left = bool(obj.members) or self.index.remove(obj.oid, obj) is None
+        if gone:
+            self._events.removed(gone)
+        return not left
+
+    def objects(self) -> list[StoredObject]:
+        """Every object held (a copy; O(objects): start-up, tests)."""
+        with self._lock:
+            return list(self._objects.values())
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and self.lookup(key) is not None
+
+    # Internals.
+
+    def _adopt(self, obj: StoredObject) -> None:
+        self._objects[obj.oid] = obj
+        for key in obj.members:
+            held = self._keys.get(key)
+            if held is None or self.index.get(held.oid) is not held:
+                self._keys[key] = obj
+
+    def _removed(self, oids: list[bytes]) -> None:
+        """The index let objects go (evicted, removed): their blocks leave too."""
+        gone: list[BlockKey] = []
+        with self._lock:
+            for oid in oids:
+                obj = self._objects.pop(oid, None)
+                if obj is None:
+                    continue
+                for key in obj.members:
+                    if self._keys.get(key) is obj:
+                        del self._keys[key]
+                        gone.append(key)
+        if gone:
+            self._events.removed(gone)

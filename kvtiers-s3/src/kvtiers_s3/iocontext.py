@@ -1,0 +1,101 @@
+"""`IoContext`: what every request of one tier's jobs needs - the object store, the
+copier threads, a request's time limit, and the background deletes of objects that
+left the index. Shared by `stores.Stores` and `loads.Loads`.
+
+Threads: built on the scheduler thread (the tier's constructor); `attach` once the
+loop's store exists; everything else runs on the tier's event loop, except
+`off_loop`'s function, which runs on a copier thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from kvtiers.jobs import FailureReason
+from kvtiers.sdk import Job
+from kvtiers.stats import StatsRecorder
+from kvtiers.tier import TierContext
+
+from kvtiers_s3.errorlog import ErrorLog
+from kvtiers_s3.holdings import Holdings, StoredObject
+from kvtiers_s3.objects import ObjectStore
+from kvtiers_s3.settings import S3Settings
+
+__all__ = ["IoContext", "engine_failure"]
+
+T = TypeVar("T")
+
+
+class IoContext:
+    """`spawn(coro)` runs a background coroutine on the loop (deletes), tracked by
+    the tier; it is called on the loop thread only."""
+
+    store: ObjectStore  # set by `attach`, once the tier's loop exists
+
+    def __init__(self, ctx: TierContext, settings: S3Settings, holdings: Holdings,
+                 ns_root: str, stats: StatsRecorder, errors: ErrorLog,
+                 spawn: Callable[[Coroutine[Any, Any, None]], None]):
+        self.ctx = ctx
+        self.settings = settings
+        self.holdings = holdings
+        self.ns_root = ns_root
+        self.fingerprint = ctx.namespace.fingerprint
+        self.block_bytes = ctx.block_bytes
+        self.stats = stats
+        self.errors = errors
+        self.spawn = spawn
+        #: names of objects being deleted (the loop thread's)
+        self.deleting: set[str] = set()
+        # Slot copies and checksums run here, off the loop: a pool access may be slow
+        # (a page fault, a test's gate), and the loop must keep serving other requests.
+        self.copier = ThreadPoolExecutor(max(1, min(4, settings.concurrency)),
+                                         thread_name_prefix=f"kvtiers-{ctx.name or 's3'}-copy")
+
+    def attach(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def timeout(self, job: Job) -> float:
+        """How long one request of `job` may take: `timeout_s`, or less where the
+        job's deadline is nearer."""
+        limit = self.settings.timeout_s
+        deadline = job.transfer.deadline
+        if deadline is not None:
+            limit = min(limit, max(1e-3, deadline - self.ctx.clock()))
+        return limit
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on a copier thread. Cancelled (the tier closing), it still
+        waits for the thread: the job's slots must be untouched once it is reported."""
+        fut = asyncio.get_running_loop().run_in_executor(self.copier, fn, *args)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.wait([fut])
+            raise
+
+    def delete_later(self, objects: Sequence[StoredObject]) -> None:
+        """Delete objects in the background (on the loop thread)."""
+        if objects:
+            self.delete_names([o.name for o in objects])
+
+    def delete_names(self, names: list[str]) -> None:
+        # Until the delete returns, a probe or listing that still finds these objects
+        # must not take them back in (they would evict live blocks for dead ones).
+        self.deleting.update(names)
+        self.spawn(self._delete(names))
+
+    async def _delete(self, names: list[str]) -> None:
+        try:
+            await asyncio.wait_for(self.store.delete(names), self.settings.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a failed delete leaves an orphan, no more
+            self.errors.record("delete", exc)
+        finally:
+            self.deleting.difference_update(names)
+
+
+def engine_failure(job: Job) -> FailureReason:
+    """Why a request the engine never ran (or cut short) failed, for its other keys."""
+    return FailureReason.TIMEOUT if job.expired() else FailureReason.CLOSED

@@ -1,0 +1,133 @@
+"""Load jobs: `AsyncJobHooks` that read a job's blocks into its slots, on the tier's
+event loop (the core's `AsyncJobEngine`).
+
+What `lookup` called a HIT is pinned at submit (`LoadPlan.pins`). A work item is one
+GET: a block object, or a coalesced run of records of one segment (`ranges`). The
+start hook groups the job's keys by object and returns one index per read, its
+*leader* (the first of its keys); the leader's item does the GET - streamed straight
+into the slots where the client streams, else read whole and placed on a copier
+thread (`placing.Placer`) - bounded by `timeout_s` and the job's deadline; the end
+hook settles the other keys the way their read went, releases the pins and touches
+what loaded. A broken record (corrupt, truncated, another key's) fails `corrupt`,
+leaves the index, and its object is deleted once no block of it is live; another
+format's or namespace's object is a miss, left alone; a vanished one is a miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from kvtiers.jobs import FailureReason
+from kvtiers.keys import BlockKey
+from kvtiers.sdk import AsyncJobHooks, Job, Outcome, Pins
+
+from kvtiers_s3 import codec
+from kvtiers_s3.holdings import StoredObject
+from kvtiers_s3.iocontext import IoContext, engine_failure
+from kvtiers_s3.objects import classify
+from kvtiers_s3.placing import Placer
+from kvtiers_s3.ranges import Read, coalesce
+
+__all__ = ["LoadPlan", "Loads"]
+
+
+@dataclass(slots=True)
+class LoadPlan:
+    pins: Pins[StoredObject] | None
+    objects: list[StoredObject | None]
+    reads: dict[int, tuple[StoredObject, Read]] = field(default_factory=dict)
+    outcomes: dict[int, Outcome] = field(default_factory=dict)  # any key -> outcome
+
+
+class Loads:
+    """The load hooks of one tier (`hooks`); a job's state is a `LoadPlan`."""
+
+    def __init__(self, io: IoContext):
+        self.io = io
+        self.placer = Placer(io.ctx, io.errors)
+        self.hooks = AsyncJobHooks(start=self._plan, block=self._load, end=self._end)
+
+    def _plan(self, job: Job) -> list[int]:
+        io = self.io
+        plan: LoadPlan = job.state
+        by_object: dict[int, list[int]] = {}
+        objects: dict[int, StoredObject] = {}
+        for i, key in enumerate(job.keys):
+            obj = plan.objects[i] if i < len(plan.objects) else None
+            if obj is None:
+                obj = io.holdings.lookup(key)  # stored since submit (not pinned)
+            member = obj.members.get(key) if obj is not None else None
+            if obj is None or member is None:
+                job.fail(i, FailureReason.MISSING)
+                continue
+            by_object.setdefault(id(obj), []).append(i)
+            objects[id(obj)] = obj
+        leaders = []
+        gap = codec.header_bytes(36) + io.block_bytes  # read past one record, not more
+        for oid, indices in by_object.items():
+            obj = objects[oid]
+            wanted = [(i, obj.members[job.keys[i]].offset, obj.members[job.keys[i]].length)
+                      for i in indices]
+            for read in coalesce(wanted, max_gap=gap,
+                                 max_read=max(io.settings.layout.segment_bytes, gap)):
+                leader = read.members[0][0]
+                plan.reads[leader] = (obj, read)
+                leaders.append(leader)
+        return leaders
+
+    async def _load(self, job: Job, leader: int) -> Outcome:
+        io, placer = self.io, self.placer
+        plan: LoadPlan = job.state
+        obj, read = plan.reads[leader]
+        try:
+            if io.store.streams:  # straight into the slots, checked there
+                placed = await asyncio.wait_for(io.store.stream(
+                    obj.name, read.start, read.end,
+                    lambda body: placer.place_stream(job, obj, read, body)), io.timeout(job))
+                return self._settle(job, obj, read, placed, leader)
+            data = await asyncio.wait_for(io.store.get(obj.name, read.start, read.end),
+                                          io.timeout(job))
+        except Exception as exc:  # noqa: BLE001 - every failure is a reason, never raised
+            reason = classify(exc)
+            if reason is FailureReason.MISSING:  # deleted behind us (another engine evicted it)
+                io.holdings.drop(obj)
+            else:
+                io.errors.record("load", exc)
+            for i, _, _ in read.members:
+                plan.outcomes[i] = reason
+            return reason
+        placed = await io.off_loop(placer.place_all, job, obj, read, data)
+        return self._settle(job, obj, read, placed, leader)
+
+    def _settle(self, job: Job, obj: StoredObject, read: Read, placed: list[Outcome],
+                leader: int) -> Outcome:
+        plan: LoadPlan = job.state
+        for (i, _, _), outcome in zip(read.members, placed, strict=True):
+            plan.outcomes[i] = outcome
+            if outcome is not None:
+                self._settle_bad(obj, job.keys[i], outcome)
+        return plan.outcomes[leader]
+
+    def _settle_bad(self, obj: StoredObject, key: BlockKey, outcome: FailureReason) -> None:
+        """On the loop: a broken record leaves the index, its object goes once no
+        block of it is live; another format's stays where it is."""
+        if self.io.holdings.drop(obj, key) and outcome is FailureReason.CORRUPT:
+            self.io.delete_names([obj.name])
+
+    def _end(self, job: Job) -> None:
+        io = self.io
+        plan: LoadPlan = job.state
+        for leader, (_, read) in plan.reads.items():
+            for i, _, _ in read.members[1:]:
+                if i in plan.outcomes:
+                    outcome = plan.outcomes[i]
+                    if outcome is None:
+                        job.succeed(i, io.block_bytes)
+                    else:
+                        job.fail(i, outcome)
+                elif not job.succeeded(leader):
+                    job.fail(i, engine_failure(job))
+        if plan.pins is not None:
+            plan.pins.release()
+        io.holdings.touch(k for i, k in enumerate(job.keys) if job.succeeded(i))

@@ -1,0 +1,135 @@
+"""Records into slots: parse each record a load read (key, namespace, length), copy
+its block into the job's slot and verify the slot against the record's checksum.
+
+`Placer` works on the thread it is called from - a copier thread for bytes already
+read (`place_all`), the request's own thread for a streamed body (`place_stream`,
+straight into the slots: no intermediate copy) - and touches nothing but the slots
+and the error log, so it is safe off the loop. The caller settles the outcomes on
+the loop.
+
+An outcome is None (placed and verified), `CORRUPT` (ours and broken: the caller
+drops it from the index and deletes the object) or `MISSING` (another format's or
+namespace's record under our name: a miss, left alone).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtiers.integrity import verify
+from kvtiers.jobs import FailureReason
+from kvtiers.sdk import Job, Outcome
+from kvtiers.tier import TierContext
+
+from kvtiers_s3 import codec
+from kvtiers_s3.catalog import BROKEN
+from kvtiers_s3.codec import FormatError
+from kvtiers_s3.errorlog import ErrorLog
+from kvtiers_s3.holdings import StoredObject
+from kvtiers_s3.ranges import Read
+
+__all__ = ["Placer"]
+
+
+class Placer:
+    def __init__(self, ctx: TierContext, errors: ErrorLog):
+        self.pool = ctx.pool
+        self.fingerprint = ctx.namespace.fingerprint
+        self.block_bytes = ctx.block_bytes
+        self.errors = errors
+
+    def place_stream(self, job: Job, obj: StoredObject, read: Read, body: Any) -> list[Outcome]:
+        """Read the records of `read` from `body` (a file-like object at `read.start`)
+        in order, each block straight into its slot, each slot verified."""
+        out: list[Outcome] = []
+        pos = 0
+        for i, rel, length in read.members:
+            if rel > pos and len(read_exact(body, rel - pos)) < rel - pos:
+                out.append(self.bad(obj, True, "the object ended early"))
+                pos = rel
+                continue
+            out.append(self._place_from(job, i, obj, body, length))
+            pos = rel + length
+        return out
+
+    def _place_from(self, job: Job, i: int, obj: StoredObject, body: Any,
+                    length: int) -> Outcome:
+        key = job.keys[i]
+        head_len = codec.header_bytes(len(key))
+        head = read_exact(body, head_len)
+        try:
+            header = codec.decode_header(head, self.fingerprint)
+        except FormatError as exc:
+            read_exact(body, length - len(head))  # keep the stream at the next record
+            return self.bad(obj, exc.reason in BROKEN, str(exc))
+        if header.key != key or header.payload_bytes != self.block_bytes \
+                or header.record_bytes != length:
+            read_exact(body, length - len(head))
+            return self.bad(obj, True, "the record is not this block's")
+        member = obj.members.get(key)
+        if member is not None and member.checksum is not None \
+                and member.checksum != header.checksum:
+            read_exact(body, length - len(head))
+            return self.bad(obj, True, "the record does not match the segment index")
+        slot = self.pool.block(job.slots[i])
+        if readinto_exact(body, slot) < len(slot):
+            return self.bad(obj, True, "truncated: the object ended inside the block")
+        if not verify(slot, header.checksum):
+            return self.bad(obj, True, "block checksum mismatch")
+        return None
+
+    def place_all(self, job: Job, obj: StoredObject, read: Read,
+                  data: bytes) -> list[Outcome]:
+        """The records of `read` from `data` (the bytes from `read.start`)."""
+        view = memoryview(data)
+        return [self._place(job, i, obj, view[rel:rel + length])
+                for i, rel, length in read.members]
+
+    def _place(self, job: Job, i: int, obj: StoredObject, record: memoryview) -> Outcome:
+        key = job.keys[i]
+        member = obj.members.get(key)
+        try:
+            header, payload = codec.decode_record(record, self.fingerprint, key=key,
+                                                  payload_bytes=self.block_bytes, verify=False)
+        except FormatError as exc:
+            return self.bad(obj, exc.reason in BROKEN, str(exc))
+        if member is not None and member.checksum is not None \
+                and member.checksum != header.checksum:
+            return self.bad(obj, True, "the record does not match the segment index")
+        slot = self.pool.block(job.slots[i])
+        slot[:] = payload
+        if not verify(slot, header.checksum):
+            return self.bad(obj, True, "block checksum mismatch")
+        return None
+
+    def bad(self, obj: StoredObject, broken: bool, why: str) -> Outcome:
+        """Count and log a record that is not the block (any thread)."""
+        if broken:
+            self.errors.note("load", "corrupt", f"{obj.name}: {why}; removed")
+            return FailureReason.CORRUPT
+        self.errors.note("load", "foreign", f"{obj.name}: {why}; left alone")
+        return FailureReason.MISSING
+
+
+def read_exact(body: Any, n: int) -> bytes:
+    """Up to `n` bytes (fewer only at the end of the body)."""
+    parts, left = [], n
+    while left > 0:
+        chunk = body.read(left)
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def readinto_exact(body: Any, dest: memoryview) -> int:
+    """Fill `dest` from `body`; the bytes read (fewer only at the end of the body)."""
+    view = memoryview(dest).cast("B")
+    got = 0
+    while got < len(view):
+        n = body.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got

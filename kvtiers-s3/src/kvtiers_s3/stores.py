@@ -1,0 +1,196 @@
+"""Store jobs: `AsyncJobHooks` that put a job's blocks as objects, on the tier's
+event loop (the core's `AsyncJobEngine`).
+
+A work item is one PUT: a block object, or a segment of several blocks of the job.
+The start hook plans the requests - which keys are held already (pinned, nothing
+to copy), how the rest maps onto objects - reserves room for them (evicting by
+policy; evicted objects are deleted in the background) and returns one index per
+request, its *leader* (the first of its keys). The leader's item copies the slot
+bytes into the object, with their checksum taken from the same bytes (`codec` /
+`segment`), and PUTs it - both on the request's own thread with the boto3 client
+(`ObjectStore.put_made`), else the copy on a copier thread - bounded by `timeout_s`
+and the job's deadline. The end hook makes the stored objects visible and settles the other keys
+the way their request went.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+
+from kvtiers.jobs import FailureReason
+from kvtiers.keys import BlockKey
+from kvtiers.sdk import AsyncJobHooks, Job, Outcome, Pins, Reservation, Verdict
+
+from kvtiers_s3 import codec, segment
+from kvtiers_s3.holdings import Member, StoredObject, segment_oid
+from kvtiers_s3.iocontext import IoContext, engine_failure
+from kvtiers_s3.names import block_name, segment_name
+from kvtiers_s3.objects import classify
+
+__all__ = ["StorePlan", "Stores"]
+
+
+@dataclass(slots=True)
+class Put:
+    """One planned PUT: the object's name, index id and size, the job's indices in it."""
+
+    name: str
+    oid: bytes
+    size: int
+    indices: list[int]
+    packed: bool
+
+
+@dataclass(slots=True)
+class StorePlan:
+    present: Pins[StoredObject] | None = None  # blocks held already, pinned for the job
+    held: list[BlockKey] = field(default_factory=list)  # their keys
+    room: Reservation[StoredObject] | None = None
+    puts: dict[int, Put] = field(default_factory=dict)  # leader -> request
+    stored: dict[int, StoredObject] = field(default_factory=dict)  # leader -> object
+    failed: dict[int, FailureReason] = field(default_factory=dict)  # leader -> why
+    key_failed: dict[int, FailureReason] = field(default_factory=dict)  # a slot's own
+
+
+class Stores:
+    """The store hooks of one tier (`hooks`); a job's state is a `StorePlan`."""
+
+    def __init__(self, io: IoContext):
+        self.io = io
+        self.packs = io.settings.layout.packs(io.block_bytes)
+        self.writer = int.from_bytes(os.urandom(8), "big")
+        self._seq = itertools.count()
+        self.hooks = AsyncJobHooks(start=self._plan, block=self._store, end=self._end)
+
+    def _plan(self, job: Job) -> list[int]:
+        io = self.io
+        plan: StorePlan = job.state
+        # Held already: nothing to copy, and pinned until the job ends, so that the
+        # room for its other blocks is never made by evicting these.
+        plan.present, held = io.holdings.pin(job.keys)
+        plan.held = [job.keys[i] for i, obj in enumerate(held) if obj is not None]
+        todo = []
+        for i, obj in enumerate(held):
+            if obj is not None:
+                job.succeed(i)
+            else:
+                todo.append(i)
+        if not todo:
+            return []
+        puts = self._requests(job, todo)
+        room = io.holdings.reserve([(p.oid, p.size) for p in puts])
+        plan.room = room
+        if room.evicted:
+            io.stats.evicted(len(room.evicted))
+            io.delete_later([obj for _, obj in room.evicted])
+        leaders = []
+        for put, verdict in zip(puts, room.verdicts, strict=True):
+            if verdict is Verdict.RESERVED:
+                plan.puts[put.indices[0]] = put
+                leaders.append(put.indices[0])
+            else:
+                for i in put.indices:
+                    if verdict is Verdict.PRESENT:
+                        job.succeed(i)
+                    else:
+                        job.fail(i, FailureReason.FULL)
+        return leaders
+
+    def _requests(self, job: Job, todo: list[int]) -> list[Put]:
+        """The objects that the job's indices `todo` are stored as."""
+        io, bb = self.io, self.io.block_bytes
+        if not self.packs:
+            return [Put(block_name(io.ns_root, job.keys[i]), bytes(job.keys[i]),
+                        codec.header_bytes(len(job.keys[i])) + bb, [i], False) for i in todo]
+        puts = []
+        klen = max(len(job.keys[i]) for i in todo)
+        # A segment never outgrows the tier: a job larger than capacity_bytes
+        # stores what fits instead of nothing.
+        limit = min(io.settings.layout.segment_bytes, io.holdings.index.capacity_bytes)
+        for group in segment.plan_segments(len(todo), bb, klen, limit):
+            idx = [todo[g] for g in group]
+            name = segment_name(io.ns_root, self.writer, next(self._seq))
+            size = segment.segment_bytes([job.keys[i] for i in idx], bb)
+            puts.append(Put(name, segment_oid(name), size, idx, True))
+        return puts
+
+    async def _store(self, job: Job, leader: int) -> Outcome:
+        io = self.io
+        plan: StorePlan = job.state
+        put = plan.puts[leader]
+        made: list[dict[BlockKey, Member]] = []
+
+        def make() -> bytearray | None:
+            data, members = self._encode(job, put, plan.key_failed)
+            made.append(members)
+            return data if members else None
+
+        try:
+            if io.store.streams:  # encoded on the request's own thread: one hand-off
+                await asyncio.wait_for(io.store.put_made(put.name, make), io.timeout(job))
+            else:
+                data = await io.off_loop(make)
+                if data is not None:
+                    await asyncio.wait_for(io.store.put(put.name, data), io.timeout(job))
+        except Exception as exc:  # noqa: BLE001 - every failure is a reason, never raised
+            reason = classify(exc)
+            io.errors.record("store", exc)
+            plan.failed[leader] = reason
+            if put.packed:  # it may have landed: no orphan left behind
+                io.delete_names([put.name])
+            return reason
+        members = made[0] if made else {}
+        if not members:
+            return plan.key_failed.get(leader, FailureReason.IO)
+        plan.stored[leader] = StoredObject(put.oid, put.name, put.size, members, time.time(),
+                                           packed=put.packed)
+        return plan.key_failed.get(leader)
+
+    def _encode(self, job: Job, put: Put,
+                failed: dict[int, FailureReason]) -> tuple[bytearray, dict[BlockKey, Member]]:
+        """The object's bytes from the slots (a copier thread: the pool may be slow).
+        A slot that cannot be read fails its key alone (in `failed`)."""
+        io = self.io
+        pool, keys, slots = io.ctx.pool, job.keys, job.slots
+        blocks = []
+        for i in put.indices:
+            try:
+                blocks.append((keys[i], pool.block(slots[i])))
+            except OSError as exc:
+                io.errors.record("store.slot", exc)
+                failed[i] = FailureReason.IO
+        if not blocks:
+            return bytearray(), {}
+        if put.packed:
+            data, index = segment.encode_segment(io.fingerprint, blocks)
+            return data, {e.key: Member(e.offset, e.length, e.checksum) for e in index.entries}
+        key, block = blocks[0]
+        data = codec.encode_record(io.fingerprint, key, block)
+        return data, {key: Member(0, len(data))}
+
+    def _end(self, job: Job) -> None:
+        io = self.io
+        plan: StorePlan = job.state
+        if plan.present is not None:
+            plan.present.release()
+            io.holdings.touch(plan.held)
+        if plan.room is None:
+            return
+        with plan.room as room:
+            for leader, put in sorted(plan.puts.items()):  # a prefix's first blocks are older
+                obj = plan.stored.get(leader)
+                if obj is not None:  # stored: its blocks, not the slots that failed
+                    io.holdings.commit(room, obj)
+                    for i in put.indices[1:]:
+                        if i in plan.key_failed:
+                            job.fail(i, plan.key_failed[i])
+                        else:
+                            job.succeed(i, io.block_bytes)
+                else:
+                    why = plan.failed.get(leader) or engine_failure(job)
+                    for i in put.indices[1:]:
+                        job.fail(i, why)
