@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 
 from kvtiers.jobs import FailureReason
 from kvtiers.keys import BlockKey
-from kvtiers.sdk import AsyncJobHooks, Job, Outcome, Pins
+from kvtiers.sdk import AsyncJobHooks, Job, Pins
 
 from kvtiers_s3 import codec
 from kvtiers_s3.holdings import StoredObject
 from kvtiers_s3.iocontext import IoContext, engine_failure
 from kvtiers_s3.objects import classify
-from kvtiers_s3.placing import Placer
+from kvtiers_s3.placing import Placed, Placer
 from kvtiers_s3.ranges import Read, coalesce
 
 __all__ = ["LoadPlan", "Loads"]
@@ -37,7 +37,7 @@ class LoadPlan:
     pins: Pins[StoredObject] | None
     objects: list[StoredObject | None]
     reads: dict[int, tuple[StoredObject, Read]] = field(default_factory=dict)
-    outcomes: dict[int, Outcome] = field(default_factory=dict)  # any key -> outcome
+    outcomes: dict[int, Placed] = field(default_factory=dict)  # any key -> outcome
 
 
 class Loads:
@@ -76,7 +76,7 @@ class Loads:
                 leaders.append(leader)
         return leaders
 
-    async def _load(self, job: Job, leader: int) -> Outcome:
+    async def _load(self, job: Job, leader: int) -> Placed:
         io, placer = self.io, self.placer
         plan: LoadPlan = job.state
         obj, read = plan.reads[leader]
@@ -100,8 +100,8 @@ class Loads:
         placed = await io.off_loop(placer.place_all, job, obj, read, data)
         return self._settle(job, obj, read, placed, leader)
 
-    def _settle(self, job: Job, obj: StoredObject, read: Read, placed: list[Outcome],
-                leader: int) -> Outcome:
+    def _settle(self, job: Job, obj: StoredObject, read: Read, placed: list[Placed],
+                leader: int) -> Placed:
         plan: LoadPlan = job.state
         for (i, _, _), outcome in zip(read.members, placed, strict=True):
             plan.outcomes[i] = outcome

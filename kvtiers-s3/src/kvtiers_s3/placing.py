@@ -18,7 +18,7 @@ from typing import Any
 
 from kvtiers.integrity import verify
 from kvtiers.jobs import FailureReason
-from kvtiers.sdk import Job, Outcome
+from kvtiers.sdk import Job
 from kvtiers.tier import TierContext
 
 from kvtiers_s3 import codec
@@ -28,7 +28,11 @@ from kvtiers_s3.errorlog import ErrorLog
 from kvtiers_s3.holdings import StoredObject
 from kvtiers_s3.ranges import Read
 
-__all__ = ["Placer"]
+__all__ = ["Placed", "Placer"]
+
+# What placing one record gives: None (in its slot, verified) or why not. An async
+# job's items await instead of deferring, so no `Deferred` here.
+Placed = FailureReason | None
 
 
 class Placer:
@@ -38,10 +42,10 @@ class Placer:
         self.block_bytes = ctx.block_bytes
         self.errors = errors
 
-    def place_stream(self, job: Job, obj: StoredObject, read: Read, body: Any) -> list[Outcome]:
+    def place_stream(self, job: Job, obj: StoredObject, read: Read, body: Any) -> list[Placed]:
         """Read the records of `read` from `body` (a file-like object at `read.start`)
         in order, each block straight into its slot, each slot verified."""
-        out: list[Outcome] = []
+        out: list[Placed] = []
         pos = 0
         for i, rel, length in read.members:
             if rel > pos and len(read_exact(body, rel - pos)) < rel - pos:
@@ -53,7 +57,7 @@ class Placer:
         return out
 
     def _place_from(self, job: Job, i: int, obj: StoredObject, body: Any,
-                    length: int) -> Outcome:
+                    length: int) -> Placed:
         key = job.keys[i]
         head_len = codec.header_bytes(len(key))
         head = read_exact(body, head_len)
@@ -79,13 +83,13 @@ class Placer:
         return None
 
     def place_all(self, job: Job, obj: StoredObject, read: Read,
-                  data: bytes) -> list[Outcome]:
+                  data: bytes) -> list[Placed]:
         """The records of `read` from `data` (the bytes from `read.start`)."""
         view = memoryview(data)
         return [self._place(job, i, obj, view[rel:rel + length])
                 for i, rel, length in read.members]
 
-    def _place(self, job: Job, i: int, obj: StoredObject, record: memoryview) -> Outcome:
+    def _place(self, job: Job, i: int, obj: StoredObject, record: memoryview) -> Placed:
         key = job.keys[i]
         member = obj.members.get(key)
         try:
@@ -102,7 +106,7 @@ class Placer:
             return self.bad(obj, True, "block checksum mismatch")
         return None
 
-    def bad(self, obj: StoredObject, broken: bool, why: str) -> Outcome:
+    def bad(self, obj: StoredObject, broken: bool, why: str) -> Placed:
         """Count and log a record that is not the block (any thread)."""
         if broken:
             self.errors.note("load", "corrupt", f"{obj.name}: {why}; removed")
