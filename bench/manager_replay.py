@@ -275,7 +275,9 @@ def main() -> int:
     vl = VllmServer(args.vllm_python, trace, args.slots) if args.vllm_python else None
     policies = args.policy.split(",")
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
-    vruns: dict[str, list[dict[str, Any]]] = {p: [] for p in policies if p in VLLM_POLICIES}
+    vruns: dict[str, list[dict[str, Any]]] = {
+        p: [] for p in policies if p in VLLM_POLICIES and args.vllm_python
+    }
     pairs: list[dict[str, Any]] = []
     try:
         # Interleaved: kvtiers then vLLM, policy by policy, run after run, so that
