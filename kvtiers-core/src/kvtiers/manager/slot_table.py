@@ -115,14 +115,15 @@ class SlotTable:
         Takes no holds. O(1) per key, in C loops: every key of `keys` is looked up
         once (the ones after the first absent key too: a prompt's misses are its
         tail, so that costs little and saves a Python loop per block)."""
-        slots = list(map(self.get, keys))
+        found = list(map(self.get, keys))
         try:
-            resident = slots.index(None)
-            del slots[resident:]
+            resident = found.index(None)
+            del found[resident:]
         except ValueError:
-            resident = len(slots)
+            resident = len(found)
         if not resident:
             return 0, 0, 0
+        slots = cast("list[int]", found)  # every None is gone
         states = bytes(map(self._state.__getitem__, slots))
         ready = states.count(_READY_BYTE)
         if ready == resident:
@@ -160,30 +161,58 @@ class SlotTable:
     def hold_readable(self, keys: Sequence[BlockKey]) -> list[int]:
         """Hold every block of `keys` (all must be READY) and return their slots, in
         order; `KeyError` (and no hold taken) when one is not."""
-        get, state, hold = self.get, self._state, self.hold
-        slots: list[int] = []
-        for key in keys:
-            slot = get(key)
-            if slot is None or state[slot] != READY:
-                for k, s in zip(keys, slots, strict=False):  # the ones held so far
-                    self.release(k, s)
-                raise KeyError(f"prepare_load: block {key.hex()} is not readable (not a HIT)")
-            hold(key, slot)
-            slots.append(slot)
-        return slots
+        slots = list(map(self.get, keys))
+        if None in slots or bytes(map(self._state.__getitem__, slots)).count(  # type: ignore[arg-type]
+            _READY_BYTE
+        ) != len(slots):
+            for key, slot in zip(keys, slots, strict=True):
+                if slot is None or self._state[slot] != READY:
+                    raise KeyError(f"prepare_load: block {key.hex()} is not readable (not a HIT)")
+        ready = cast("list[int]", slots)
+        holds = self._holds
+        fresh = []  # blocks without holds until now: pinned in the policy
+        for key, slot in zip(keys, ready, strict=True):
+            n = holds[slot]
+            holds[slot] = n + 1
+            if not n:
+                fresh.append(key)
+        if fresh:
+            self._pinned += len(fresh)
+            self._policy.pin_many(fresh)
+        return ready
 
     def release_keys(self, keys: Iterable[BlockKey]) -> None:
         """Drop one hold of each resident key of `keys`; others are ignored."""
-        get, release = self.get, self.release
-        for key in keys:
-            slot = get(key)
-            if slot is not None:
-                release(key, slot)
+        if self.write_back:  # a last hold may evict a LEAVING block: one by one
+            get, release = self.get, self.release
+            for key in keys:
+                slot = get(key)
+                if slot is not None:
+                    release(key, slot)
+            return
+        keys = keys if isinstance(keys, list | tuple) else list(keys)
+        self._release_all(keys, list(map(self.get, keys)))
+
+    def _release_all(self, keys: Iterable[BlockKey], slots: Iterable[int | None]) -> None:
+        """`release` for each (key, slot) pair with a slot, in order; no block is
+        LEAVING (write_through: nothing is ever copied down on eviction)."""
+        holds = self._holds
+        last = []  # blocks whose last hold went: candidates again
+        for key, slot in zip(keys, slots, strict=True):
+            if slot is None:
+                continue
+            n = holds[slot] - 1
+            if n < 0:
+                raise AssertionError(f"slot {slot}: hold count below zero")
+            holds[slot] = n
+            if not n:
+                last.append(key)
+        if last:
+            self._pinned -= len(last)
+            self._policy.unpin_many(last)
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
-        touch = self._policy.touch
-        for key in keys:
-            touch(key)
+        self._policy.touch_many(keys)
 
     # ------------------------------------------------------------------ stores
 
@@ -195,17 +224,12 @@ class SlotTable:
         nothing allocated, when the pool cannot take them now: too few candidates
         (nothing evicted then), or dirty victims still being copied down (write_back:
         those evicted meanwhile are announced)."""
-        get = self.get
-        new: list[BlockKey] = []
-        seen: set[BlockKey] = set()
-        present = False
-        for key in keys:
-            if get(key) is None:
-                if key not in seen:
-                    new.append(key)
-                    seen.add(key)
-            else:
-                present = True
+        found = list(map(self.get, keys))
+        if None not in found:
+            return PrepareStoreOutput([], [], [])
+        absent = [key for key, slot in zip(keys, found, strict=True) if slot is None]
+        present = len(absent) < len(found)
+        new = list(dict.fromkeys(absent))  # each key once, in call order
         n = len(new)
         if not n:
             return PrepareStoreOutput(new, [], [])
@@ -232,11 +256,13 @@ class SlotTable:
         slots = self._alloc.allocate(n)
         if slots is None:
             return None
-        insert, state, hold = self._policy.insert, self._state, self.hold
-        for key, slot in zip(new, slots, strict=True):
-            insert(key, slot)
+        # Each new block: in the policy pinned (the store's hold), STORING, one hold.
+        self._policy.insert_pinned(new, slots)
+        state, holds = self._state, self._holds
+        for slot in slots:
             state[slot] = STORING
-            hold(key, slot)
+            holds[slot] = 1
+        self._pinned += n
         return PrepareStoreOutput(new, slots, evicted)
 
     def _unpinned(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
@@ -253,6 +279,8 @@ class SlotTable:
         """The engine's copies of `keys` succeeded: the STORING ones become READY
         (write_back: and DIRTY; write_through: `cascade(key, slot)` queues their copies
         before the store's hold goes). Returns the keys that became readable."""
+        if cascade is None and not self.write_back:
+            return self._finish_stores_pool_only(keys)
         get, state, flags, release = self.get, self._state, self._flags, self.release
         write_back = self.write_back
         stored: list[BlockKey] = []
@@ -267,6 +295,22 @@ class SlotTable:
             elif cascade is not None:
                 cascade(key, slot)
             release(key, slot)
+        return stored
+
+    def _finish_stores_pool_only(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
+        """`finish_stores` with nothing to cascade or mark dirty: the STORING blocks
+        become READY and their store holds go, in one pass."""
+        keys = keys if isinstance(keys, list | tuple) else list(keys)
+        state = self._state
+        stored: list[BlockKey] = []
+        slots: list[int] = []
+        for key, slot in zip(keys, map(self.get, keys), strict=True):
+            if slot is None or state[slot] != STORING:
+                continue
+            state[slot] = READY
+            stored.append(key)
+            slots.append(slot)
+        self._release_all(stored, slots)
         return stored
 
     def fail_stores(self, keys: Iterable[BlockKey]) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Hashable
-from typing import Any, ClassVar
+from collections.abc import Hashable, Iterable
+from typing import Any, ClassVar, cast
 
 from kvtiers.policies.base import EvictionPolicy
 from kvtiers.policies.ghosts import GhostLists
@@ -138,6 +138,18 @@ class SlotARCPolicy(EvictionPolicy):
         elif where == _P1:
             self._where[slot] = _P2
             self._np1 -= 1
+
+    def touch_many(self, keys: Iterable[Hashable]) -> None:
+        found = list(map(self._index.get, keys))
+        slots = cast("list[int]", [s for s in found if s is not None] if None in found else found)
+        where = self._where
+        if bytes(map(where.__getitem__, slots)).count(_P2) == len(slots):
+            return  # all pinned and already in T2's side (the common case: just loaded)
+        touch = self.touch
+        keys_of = self._keys
+        for slot in slots:
+            if where[slot] != _P2:
+                touch(keys_of[slot])
 
     def pin(self, key: Hashable) -> None:
         slot = self._index.get(key)

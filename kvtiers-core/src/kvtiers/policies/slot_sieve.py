@@ -16,7 +16,7 @@ eviction is O(1) amortised per victim whatever share is pinned.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar
 
 from kvtiers.policies.base import EvictionPolicy
@@ -94,6 +94,12 @@ class SlotSievePolicy(EvictionPolicy):
         slot = self._index.get(key)
         if slot is not None:
             self._visited[slot] = 1
+
+    def touch_many(self, keys: Iterable[Hashable]) -> None:
+        visited = self._visited
+        for slot in map(self._index.get, keys):
+            if slot is not None:
+                visited[slot] = 1
 
     def pin(self, key: Hashable) -> None:
         slot = self._index.get(key)
