@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
 from kvtiers.keys import BlockKey
+from kvtiers.manager import slotops
 from kvtiers.manager.event_log import EventLog
 from kvtiers.manager.events import PrepareStoreOutput
 from kvtiers.manager.slot_state import (
@@ -36,6 +37,7 @@ from kvtiers.policies.base import EvictionPolicy
 from kvtiers.slots import SlotAllocator
 
 _READY_BYTE = bytes((READY,))
+_STORING_BYTE = bytes((STORING,))
 
 #: `copy_down(key, slot)`: queue a dirty victim's copy to the secondary tiers (taking
 #: holds); False when no tier took it. Only called under write_back.
@@ -71,6 +73,8 @@ class SlotTable:
         self.holds = memoryview(self._holds).toreadonly()
         #: the slot of a resident key (any state), else None; bound once (hot path)
         self.get: Callable[[BlockKey], int | None] = policy.get
+        # The per-block loops over holds and states: C when built, else Python.
+        self._hold_many, self._release_many, self._fill = slotops.functions()
 
     # ------------------------------------------------------------------ reading
 
@@ -169,13 +173,8 @@ class SlotTable:
                 if slot is None or self._state[slot] != READY:
                     raise KeyError(f"prepare_load: block {key.hex()} is not readable (not a HIT)")
         ready = cast("list[int]", slots)
-        holds = self._holds
-        fresh = []  # blocks without holds until now: pinned in the policy
-        for key, slot in zip(keys, ready, strict=True):
-            n = holds[slot]
-            holds[slot] = n + 1
-            if not n:
-                fresh.append(key)
+        keys = keys if type(keys) is list else list(keys)
+        fresh = self._hold_many(self._holds, keys, ready)  # pinned in the policy now
         if fresh:
             self._pinned += len(fresh)
             self._policy.pin_many(fresh)
@@ -190,23 +189,13 @@ class SlotTable:
                 if slot is not None:
                     release(key, slot)
             return
-        keys = keys if isinstance(keys, list | tuple) else list(keys)
+        keys = keys if type(keys) is list else list(keys)
         self._release_all(keys, list(map(self.get, keys)))
 
-    def _release_all(self, keys: Iterable[BlockKey], slots: Iterable[int | None]) -> None:
+    def _release_all(self, keys: list[BlockKey], slots: list[int | None]) -> None:
         """`release` for each (key, slot) pair with a slot, in order; no block is
         LEAVING (write_through: nothing is ever copied down on eviction)."""
-        holds = self._holds
-        last = []  # blocks whose last hold went: candidates again
-        for key, slot in zip(keys, slots, strict=True):
-            if slot is None:
-                continue
-            n = holds[slot] - 1
-            if n < 0:
-                raise AssertionError(f"slot {slot}: hold count below zero")
-            holds[slot] = n
-            if not n:
-                last.append(key)
+        last = self._release_many(self._holds, keys, slots)  # candidates again
         if last:
             self._pinned -= len(last)
             self._policy.unpin_many(last)
@@ -258,10 +247,8 @@ class SlotTable:
             return None
         # Each new block: in the policy pinned (the store's hold), STORING, one hold.
         self._policy.insert_pinned(new, slots)
-        state, holds = self._state, self._holds
-        for slot in slots:
-            state[slot] = STORING
-            holds[slot] = 1
+        self._fill(self._state, slots, STORING)
+        self._hold_many(self._holds, new, slots)  # free slots: 0 -> 1
         self._pinned += n
         return PrepareStoreOutput(new, slots, evicted)
 
@@ -300,11 +287,21 @@ class SlotTable:
     def _finish_stores_pool_only(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
         """`finish_stores` with nothing to cascade or mark dirty: the STORING blocks
         become READY and their store holds go, in one pass."""
-        keys = keys if isinstance(keys, list | tuple) else list(keys)
+        keys = keys if type(keys) is list else list(keys)
         state = self._state
+        found = list(map(self.get, keys))
+        if (
+            None not in found
+            and bytes(map(state.__getitem__, found)).count(_STORING_BYTE) == len(found)  # type: ignore[arg-type]
+            and len(set(found)) == len(found)
+        ):  # the common case: each key once, all being stored
+            ready = cast("list[int]", found)
+            self._fill(state, ready, READY)
+            self._release_all(keys, found)
+            return keys
         stored: list[BlockKey] = []
-        slots: list[int] = []
-        for key, slot in zip(keys, map(self.get, keys), strict=True):
+        slots: list[int | None] = []
+        for key, slot in zip(keys, found, strict=True):
             if slot is None or state[slot] != STORING:
                 continue
             state[slot] = READY
@@ -393,6 +390,17 @@ class SlotTable:
         called). Under write_back a dirty victim is copied down first: it stays,
         held by its copies and flagged LEAVING, and goes when they end."""
         policy, flags = self._policy, self._flags
+        if not self.write_back:  # nothing is dirty: every victim goes now, in one batch
+            victims = self._victims(n)
+            if victims:
+                slots = [slot for _, slot in victims]
+                self._fill(self._state, slots, FREE)
+                self._fill(flags, slots, 0)
+                self._alloc.free(slots)
+                evicted.extend(key for key, _ in victims)
+                self._evictions += len(evicted)
+                self._events.removed(list(evicted))
+            return
         freed = leaving = 0
         while freed + leaving < n:
             victims = self._victims(n - freed - leaving)

@@ -83,12 +83,17 @@ class SlotSievePolicy(EvictionPolicy):
         self._link_newest(value)
         self._inserts += 1
         if self._inserts > 1024 and self._inserts > len(index) // 2:
-            # CPython dicts never shrink and churn leaves them 3x their live size:
-            # rebuilt in place, the index stays compact (~2 entry copies per insert).
-            fresh = dict(index)
-            index.clear()
-            index.update(fresh)
-            self._inserts = 0
+            self._compact()
+
+    def _compact(self) -> None:
+        """CPython dicts never shrink and churn leaves them 3x their live size:
+        rebuilt in place (the bound `get` stays valid), the index stays compact,
+        for ~2 entry copies per insertion."""
+        index = self._index
+        fresh = dict(index)
+        index.clear()
+        index.update(fresh)
+        self._inserts = 0
 
     def touch(self, key: Hashable) -> None:
         slot = self._index.get(key)
