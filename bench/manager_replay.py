@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtiers.bench.workload import Request, Workload, WorkloadSpec
-from kvtiers.manager import TieringOffloadingManager
+from kvtiers.manager import TieringOffloadingManager, slotops
 from kvtiers.plugins import get_registry
 from kvtiers.policies.base import EvictionPolicy
 
@@ -62,11 +62,16 @@ def percentiles(lat: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 
 
 def replay(
-    events: list[tuple[str, Request]], num_slots: int, policy: str, measure_memory: bool = False
+    events: list[tuple[str, Request]], num_slots: int, policy: str, measure_memory: bool = False,
+    native: bool = True,
 ) -> dict[str, Any]:
+    """One timed replay. `native`: the pool's per-block loops in C (when built),
+    else in Python (kvtiers.manager.slotops)."""
     cls = get_registry().get_policy(policy).record.load()
     assert issubclass(cls, EvictionPolicy), cls
+    slotops.USE_NATIVE = native and slotops.NATIVE
     mgr = TieringOffloadingManager(num_slots, cls.for_slots(num_slots))
+    path = "native" if slotops.USE_NATIVE else "python"
     ops = 0
     hits_blocks = 0
     prompt_blocks = 0
@@ -138,7 +143,7 @@ def replay(
     result = {
         "system": "kvtiers",
         "policy": policy,
-        "native": native_status(),
+        "path": path,
         "ops": ops,
         "seconds": elapsed,
         "cpu_seconds": cpu,
@@ -173,15 +178,6 @@ def replay(
         }
     mgr.close()
     return result
-
-
-def native_status() -> str:
-    """Which path the pool's hot loops take: "native" (the C helper) or "python"."""
-    try:
-        from kvtiers.manager import fastpath
-    except ImportError:
-        return "python"
-    return "native" if getattr(fastpath, "NATIVE", False) else "python"
 
 
 class VllmServer:
@@ -253,6 +249,11 @@ def main() -> int:
     ap.add_argument("--vllm-python", help="vLLM venv's python: interleave each kvtiers run "
                     "with a vLLM run of the same policy (lru, arc) on the same trace")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
+    ap.add_argument("--no-vllm-memory", action="store_true",
+                    help="skip vLLM's tracemalloc runs (slow) but keep kvtiers'")
+    ap.add_argument("--paths", default="native",
+                    help="kvtiers paths to time, comma-separated: native (the C helper, "
+                         "when built), python (its pure-Python fallback)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write results here")
     ap.add_argument("--trace", type=Path, help="also write the event stream (pickle) here")
@@ -274,7 +275,8 @@ def main() -> int:
             pickle.dump([(k, r.req_id, r.prompt_keys, r.output_keys) for k, r in events], f)
     vl = VllmServer(args.vllm_python, trace, args.slots) if args.vllm_python else None
     policies = args.policy.split(",")
-    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+    kpaths = args.paths.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {f"{p}/{k}": [] for p in policies for k in kpaths}
     vruns: dict[str, list[dict[str, Any]]] = {
         p: [] for p in policies if p in VLLM_POLICIES and args.vllm_python
     }
@@ -285,36 +287,52 @@ def main() -> int:
         # kept, not only the medians.
         for i in range(args.runs):
             for policy in policies:
-                kv = timed(lambda p=policy: replay(events, args.slots, p))
-                runs[policy].append(kv)
-                line = f"run {i} {policy:6} kvtiers {kv['ops_per_s']/1e6:5.2f} Mops/s"
+                kvs = {}
+                for kp in kpaths:
+                    kv = timed(
+                        lambda p=policy, n=kp == "native": replay(events, args.slots, p, native=n)
+                    )
+                    runs[f"{policy}/{kp}"].append(kv)
+                    kvs[kp] = kv
+                line = f"run {i} {policy:6} kvtiers " + " ".join(
+                    f"{kp} {kv['ops_per_s']/1e6:5.2f}" for kp, kv in kvs.items()
+                ) + " Mops/s"
                 if vl is not None and policy in vruns:
                     v = timed(lambda p=policy: vl.run(p))
                     vruns[policy].append(v)
-                    ratio = kv["ops_per_s"] / v["ops_per_s"]
-                    pairs.append({"run": i, "policy": policy, "kvtiers_ops_per_s": kv["ops_per_s"],
-                                  "vllm_ops_per_s": v["ops_per_s"], "ratio": ratio,
-                                  "loadavg_1m": kv["load_before"]["loadavg_1m"]})
-                    line += f"  vLLM {v['ops_per_s']/1e6:5.2f}  ratio {ratio:5.2f}x"
-                print(line, f"(load {kv['load_before']['loadavg_1m']:.1f})", file=sys.stderr)
+                    pair = {"run": i, "policy": policy, "vllm_ops_per_s": v["ops_per_s"],
+                            "loadavg_1m": v["load_before"]["loadavg_1m"],
+                            "vllm_cpu_share": v["cpu_share"]}
+                    for kp, kv in kvs.items():
+                        pair[f"kvtiers_{kp}_ops_per_s"] = kv["ops_per_s"]
+                        pair[f"ratio_{kp}"] = kv["ops_per_s"] / v["ops_per_s"]
+                    pairs.append(pair)
+                    line += f"  vLLM {v['ops_per_s']/1e6:5.2f}  ratio " + " ".join(
+                        f"{kp} {pair[f'ratio_{kp}']:5.2f}x" for kp in kvs
+                    )
+                print(line, f"(load {load_now()['loadavg_1m']:.1f})", file=sys.stderr)
         results = []
         for policy in policies:
-            best = median_of(runs[policy])
-            if not args.no_memory:
+            mem = None
+            if not args.no_memory:  # the same structures on either path: measured once
                 mem = replay(events, args.slots, policy, measure_memory=True)
-                for k in ("heap_bytes", "heap_bytes_per_resident_block", "heap_by_file"):
-                    best[k] = mem[k]
-            results.append(best)
+            for kp in kpaths:
+                best = median_of(runs[f"{policy}/{kp}"])
+                if mem is not None:
+                    for k in ("heap_bytes", "heap_bytes_per_resident_block", "heap_by_file"):
+                        best[k] = mem[k]
+                results.append(best)
         vresults = []
         for policy, vr in vruns.items():
             best = median_of(vr)
-            if not args.no_memory and vl is not None:
+            if not (args.no_memory or args.no_vllm_memory) and vl is not None:
                 mem = vl.run(policy, memory=True)
                 for k in ("heap_bytes", "heap_bytes_per_resident_block", "heap_by_file"):
                     best[k] = mem[k]
-            ratios = [p["ratio"] for p in pairs if p["policy"] == policy]
-            best["pair_ratios"] = ratios
-            best["median_pair_ratio"] = statistics.median(ratios)
+            for kp in kpaths:
+                ratios = [p[f"ratio_{kp}"] for p in pairs if p["policy"] == policy]
+                best[f"pair_ratios_{kp}"] = ratios
+                best[f"median_pair_ratio_{kp}"] = statistics.median(ratios)
             vresults.append(best)
     finally:
         if vl is not None:
@@ -331,18 +349,21 @@ def main() -> int:
             f"{lat[c]['p50_us']:6.1f}/{lat[c]['p99_us']:<7.0f}" if c in lat else f"{'-':>14}"
             for c in CALLS
         )
+        name = r["system"][:10] if r["system"] != "kvtiers" else f"kvtiers/{r['path'][:2]}"
         print(
-            f"{r['system'][:10]:10} {r['policy']:7} {r['ops_per_s']/1e6:7.2f} "
+            f"{name:10} {r['policy']:7} {r['ops_per_s']/1e6:7.2f} "
             f"{100*r['hit_rate']:7.2f} {r.get('heap_bytes_per_resident_block', 0):6.0f} {cells}"
         )
     for r in vresults:
-        print(f"ratio {r['policy']}: median {r['median_pair_ratio']:.2f}x, pairs "
-              + ", ".join(f"{x:.2f}" for x in r["pair_ratios"]))
+        for kp in kpaths:
+            print(f"ratio {r['policy']} ({kp}): median {r[f'median_pair_ratio_{kp}']:.2f}x, "
+                  "pairs " + ", ".join(f"{x:.2f}" for x in r[f"pair_ratios_{kp}"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "machine": platform.node(), "python": platform.python_version(),
             "cpus": os.cpu_count(), "vllm": vl.version if vl is not None else None,
+            "native_built": slotops.NATIVE, "paths": kpaths,
             "spec": vars(spec) | {"hash_seed": str(spec.hash_seed)}, "slots": args.slots,
             "results": results, "vllm_results": vresults, "pairs": pairs,
         }, indent=2))

@@ -257,7 +257,8 @@ class TieringOffloadingManager(ParentManager):
             # Removals first: a tier reports them as they happen, results at the step,
             # so a block copied down again since its removal ends up "stored".
             self._events.collect()
-            self._traffic.step()
+            if self._has_tiers:  # no tiers: no jobs to collect, time out or submit
+                self._traffic.step()
 
     def drain(self, timeout: float | None = None) -> bool:
         """Submit everything queued and wait for the tiers' jobs (shutdown, tests).
