@@ -249,6 +249,8 @@ def main() -> int:
     ap.add_argument("--vllm-python", help="vLLM venv's python: interleave each kvtiers run "
                     "with a vLLM run of the same policy (lru, arc) on the same trace")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="only the tracemalloc runs (heap per resident block, hit rate)")
     ap.add_argument("--no-vllm-memory", action="store_true",
                     help="skip vLLM's tracemalloc runs (slow) but keep kvtiers'")
     ap.add_argument("--paths", default="native",
@@ -273,6 +275,18 @@ def main() -> int:
     if trace:
         with open(trace, "wb") as f:
             pickle.dump([(k, r.req_id, r.prompt_keys, r.output_keys) for k, r in events], f)
+    if args.memory_only:
+        mems = [replay(events, args.slots, p, measure_memory=True) for p in args.policy.split(",")]
+        for r in mems:
+            print(f"{r['policy']:6} hit {100 * r['hit_rate']:.3f}%  heap/resident block "
+                  f"{r['heap_bytes_per_resident_block']:.1f} B  ({r['resident_blocks']} resident)")
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({
+                "machine": platform.node(), "python": platform.python_version(),
+                "spec": vars(spec) | {"hash_seed": str(spec.hash_seed)}, "slots": args.slots,
+                "memory": mems}, indent=2))
+        return 0
     vl = VllmServer(args.vllm_python, trace, args.slots) if args.vllm_python else None
     policies = args.policy.split(",")
     kpaths = args.paths.split(",")
