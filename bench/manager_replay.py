@@ -325,6 +325,14 @@ def main() -> int:
                         f"{kp} {pair[f'ratio_{kp}']:5.2f}x" for kp in kvs
                     )
                 print(line, f"(load {load_now()['loadavg_1m']:.1f})", file=sys.stderr)
+                if args.json:  # every run so far, in case the series is cut short
+                    args.json.parent.mkdir(parents=True, exist_ok=True)
+                    args.json.write_text(json.dumps({
+                        "partial": True, "machine": platform.node(), "cpus": os.cpu_count(),
+                        "spec": vars(spec) | {"hash_seed": str(spec.hash_seed)},
+                        "slots": args.slots, "pairs": pairs, "kvtiers_runs": runs,
+                        "vllm_runs": vruns,
+                    }, indent=2))
         results = []
         for policy in policies:
             mem = None
