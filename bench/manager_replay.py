@@ -70,6 +70,9 @@ def replay(
     cls = get_registry().get_policy(policy).record.load()
     assert issubclass(cls, EvictionPolicy), cls
     slotops.USE_NATIVE = native and slotops.NATIVE
+    if measure_memory:
+        # Before the manager is built: its per-slot arrays count (they are the pool's).
+        tracemalloc.start()
     mgr = TieringOffloadingManager(num_slots, cls.for_slots(num_slots))
     path = "native" if slotops.USE_NATIVE else "python"
     ops = 0
@@ -83,8 +86,6 @@ def replay(
     complete_load, complete_store = mgr.complete_load, mgr.complete_store
     step, take_events = mgr.step, mgr.take_events
     perf = time.perf_counter
-    if measure_memory:
-        tracemalloc.start()
     gc.disable()
     cpu0 = time.process_time()
     t0 = perf()
