@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Replay a manager_replay.py trace through vLLM 0.33's scheduler-side
-`CPUOffloadingManager` (LRU): the baseline for kvtiers' `TieringOffloadingManager`.
+`CPUOffloadingManager` (LRU or ARC): the baseline for kvtiers' `TieringOffloadingManager`.
 
 Runs in a separate venv that has vLLM (see /work/shared/ENVIRONMENT.md, "Running
 vLLM's offloading code as a baseline"); it imports nothing from kvtiers:
@@ -101,10 +101,26 @@ def load_trace(path: Path) -> tuple[list[tuple[str, str, list[bytes]]], dict[str
     return events, info
 
 
+CALLS = ("lookup_prefix", "prepare_store", "complete_store", "step")
+
+
+def percentiles(lat: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """p50 / p99 in microseconds of each call's latencies."""
+    out = {}
+    for name, xs in lat.items():
+        if len(xs) >= 2:
+            q = statistics.quantiles(xs, n=100)
+            out[name] = {"p50_us": statistics.median(xs) * 1e6, "p99_us": q[98] * 1e6,
+                         "calls": len(xs)}
+    return out
+
+
 def replay(events: list[tuple[str, str, list[bytes]]], num_slots: int, *,
-           positions: bool = True, block_tokens: int = 16,
+           policy: str = POLICY, positions: bool = True, block_tokens: int = 16,
            measure_memory: bool = False) -> dict[str, Any]:
-    mgr = CPUOffloadingManager(num_chunks=num_slots, cache_policy=POLICY)
+    if measure_memory:  # before the manager is built: what it allocates up front counts
+        tracemalloc.start()
+    mgr = CPUOffloadingManager(num_chunks=num_slots, cache_policy=policy)
     HIT, MISS = LookupResult.HIT, LookupResult.MISS
     lookup, on_new_request = mgr.lookup, mgr.on_new_request
     prepare_load, touch, prepare_store = mgr.prepare_load, mgr.touch, mgr.prepare_store
@@ -116,13 +132,13 @@ def replay(events: list[tuple[str, str, list[bytes]]], num_slots: int, *,
     prompt_blocks = 0
     inserted = 0
     refused = 0
-    store_lat: list[float] = []
+    lat: dict[str, list[float]] = {name: [] for name in CALLS}
+    lat_scan, lat_store, lat_done, lat_step = (lat[name] for name in CALLS)
     inflight: dict[str, tuple[ReqContext, int, list[bytes], list[bytes]]] = {}
     excluded = 0.0  # caller-side ReqContext construction and key positions
     perf = time.perf_counter
-    if measure_memory:
-        tracemalloc.start()
     gc.disable()
+    cpu0 = time.process_time()
     t0 = perf()
     for i, (kind, req_id, keys) in enumerate(events):
         if kind == "start":
@@ -139,6 +155,7 @@ def replay(events: list[tuple[str, str, list[bytes]]], num_slots: int, *,
             # Prefix scan as vLLM's scheduler does it (_maximal_prefix_lookup) and
             # as kvtiers' lookup_prefix does: go on through HIT_PENDING / RETRY
             # until the first MISS; the hits are the leading readable blocks.
+            t = perf()
             n = 0
             leading = True
             for key in keys:
@@ -150,6 +167,7 @@ def replay(events: list[tuple[str, str, list[bytes]]], num_slots: int, *,
                 if r is MISS:
                     break
                 leading = False
+            lat_scan.append(perf() - t)
             ops += min(n + 1, len(keys))
             prompt_blocks += len(keys)
             hits_blocks += n
@@ -161,7 +179,7 @@ def replay(events: list[tuple[str, str, list[bytes]]], num_slots: int, *,
             new = keys[n:]
             t = perf()
             out = prepare_store(new, ctx)
-            store_lat.append(perf() - t)
+            lat_store.append(perf() - t)
             ops += len(new)
             if out is None:
                 refused += 1
@@ -183,24 +201,31 @@ def replay(events: list[tuple[str, str, list[bytes]]], num_slots: int, *,
                 complete_load(loads, ctx)
                 ops += len(loads)
             if stored:
+                t = perf()
                 complete_store(stored, ctx)
+                lat_done.append(perf() - t)
                 ops += len(stored)
                 inserted += len(stored)
             if keys:
                 t = perf()
                 out = prepare_store(keys, ctx)
-                store_lat.append(perf() - t)
+                lat_store.append(perf() - t)
                 ops += len(keys)
                 if out is None:
                     refused += 1
                 elif out.keys_to_store:
+                    t = perf()
                     complete_store(out.keys_to_store, ctx)
+                    lat_done.append(perf() - t)
                     ops += len(out.keys_to_store)
                     inserted += len(out.keys_to_store)
             on_request_finished(ctx)
         if i % 64 == 0:
+            t = perf()
             on_schedule_end(step_ctx)
+            lat_step.append(perf() - t)
     elapsed = perf() - t0 - excluded
+    cpu = time.process_time() - cpu0 - excluded
     # The last request's context (and the state vLLM hangs on it) is the caller's
     # and would be gone in an engine: drop it before the heap is measured.
     ctx = setpos = None
@@ -210,18 +235,23 @@ def replay(events: list[tuple[str, str, list[bytes]]], num_slots: int, *,
     # Every store completed successfully, so a block stored is either resident or
     # was evicted. (Private fields: vLLM exposes no resident count.)
     resident = mgr._num_allocated_chunks - len(mgr._free_list)
-    assert resident == len(mgr._policy.chunks), (resident, len(mgr._policy.chunks))
+    pol = mgr._policy
+    held = len(pol.chunks) if hasattr(pol, "chunks") else len(pol.t1) + len(pol.t2)
+    assert resident == held, (resident, held)
     result = {
         "system": SYSTEM,
-        "policy": POLICY,
+        "policy": policy,
         "ops": ops,
         "seconds": elapsed,
+        "cpu_seconds": cpu,
         "ops_per_s": ops / elapsed,
+        "ops_per_cpu_s": ops / cpu,
         "hit_rate": hits_blocks / max(1, prompt_blocks),
         "resident_blocks": resident,
         "evictions": inserted - resident,
-        "prepare_store_p50_us": statistics.median(store_lat) * 1e6,
-        "prepare_store_p99_us": statistics.quantiles(store_lat, n=100)[98] * 1e6,
+        "prepare_store_p50_us": statistics.median(lat_store) * 1e6,
+        "prepare_store_p99_us": statistics.quantiles(lat_store, n=100)[98] * 1e6,
+        "latency": percentiles(lat),
         "store_refused": refused,
         "excluded_caller_seconds": excluded,
     }
@@ -243,18 +273,36 @@ def replay(events: list[tuple[str, str, list[bytes]]], num_slots: int, *,
     return result
 
 
+def serve(events: list[tuple[str, str, list[bytes]]], slots: int, **kw: Any) -> int:
+    """The other half of manager_replay.py's interleaved runs: one JSON request per
+    line on stdin (`{"policy": "lru", "memory": false}`), one JSON result per line on
+    stdout, until stdin closes. The trace is loaded once."""
+    print(json.dumps({"ready": True, "vllm": vllm.__version__}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        res = replay(events, slots, policy=req.get("policy", POLICY),
+                     measure_memory=bool(req.get("memory")), **kw)
+        print(json.dumps(res), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("trace", type=Path, help="event stream written by manager_replay.py --trace")
     ap.add_argument("--slots", type=int, default=100_000, help="CPU pool blocks (default 100000)")
+    ap.add_argument("--policy", default=POLICY,
+                    help="vLLM cache policy name(s), comma-separated (lru, arc)")
     ap.add_argument("--runs", type=int, default=3, help="timed runs; the median is reported")
     ap.add_argument("--block-tokens", type=int, default=16,
                     help="tokens per block, for the key positions (default 16)")
     ap.add_argument("--no-positions", action="store_true",
                     help="do not record key positions on the ReqContext (vLLM's "
                          "scheduler always does; its LRU then ranks blocks by call order)")
+    ap.add_argument("--serve", action="store_true",
+                    help="run replays on request (stdin/stdout JSON lines) for "
+                         "manager_replay.py --vllm-python")
     ap.add_argument("--json", type=Path, help="write results here")
     args = ap.parse_args()
 
@@ -262,16 +310,20 @@ def main() -> int:
     events, info = load_trace(args.trace)
     print(f"trace: {info['requests']} requests, {info['distinct_keys']} distinct keys, "
           f"loaded in {time.perf_counter() - t:.1f}s", file=sys.stderr)
-    kw = {"positions": not args.no_positions, "block_tokens": args.block_tokens}
-    runs = [replay(events, args.slots, **kw) for _ in range(args.runs)]
-    mem = replay(events, args.slots, measure_memory=True, **kw)
-    best = sorted(runs, key=lambda r: r["ops_per_s"])[len(runs) // 2]
-    best["runs_ops_per_s"] = [r["ops_per_s"] for r in runs]
-    best["heap_bytes_per_resident_block"] = mem["heap_bytes_per_resident_block"]
-    best["heap_bytes"] = mem["heap_bytes"]
-    best["heap_by_file"] = mem["heap_by_file"]
-    best["key_positions"] = not args.no_positions
-    results = [best]
+    kw: dict[str, Any] = {"positions": not args.no_positions, "block_tokens": args.block_tokens}
+    if args.serve:
+        return serve(events, args.slots, **kw)
+    results = []
+    for policy in args.policy.split(","):
+        runs = [replay(events, args.slots, policy=policy, **kw) for _ in range(args.runs)]
+        mem = replay(events, args.slots, policy=policy, measure_memory=True, **kw)
+        best = sorted(runs, key=lambda r: r["ops_per_s"])[len(runs) // 2]
+        best["runs_ops_per_s"] = [r["ops_per_s"] for r in runs]
+        best["heap_bytes_per_resident_block"] = mem["heap_bytes_per_resident_block"]
+        best["heap_bytes"] = mem["heap_bytes"]
+        best["heap_by_file"] = mem["heap_by_file"]
+        best["key_positions"] = not args.no_positions
+        results.append(best)
     w = max(10, len(SYSTEM))
     print(f"{'system':{w}} {'policy':7} {'Mops/s':>7} {'hit%':>6} {'B/blk':>6} "
           f"{'p50 us':>7} {'p99 us':>7}")

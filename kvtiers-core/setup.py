@@ -1,8 +1,9 @@
 """Only the optional native helper; everything else is in pyproject.toml.
 
-`kvtiers.swap._memcpy` (a batched memcpy for the CPU swapper) is built when a C
-compiler and Python's headers are there; without them the build warns and goes on,
-and the swapper uses its numpy path.
+`kvtiers.swap._memcpy` (a batched memcpy for the CPU swapper) and
+`kvtiers.manager._slotops` (the CPU pool's per-block hold/state loops) are built when
+a C compiler and Python's headers are there; without them the build warns and goes
+on, and the swapper and the pool use their Python paths.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +14,11 @@ setup(
             "kvtiers.swap._memcpy",
             ["src/kvtiers/swap/_memcpy.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "kvtiers.manager._slotops",
+            ["src/kvtiers/manager/_slotops.c"],
+            optional=True,
+        ),
     ]
 )

@@ -54,6 +54,42 @@ class SameAsLRU(RuleBasedStateMachine):
         if slot is not None:
             self.free.append(slot)
 
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=5))
+    def touch_many(self, keys: list[bytes]) -> None:
+        for key in keys:
+            self.ref.touch(key)
+        self.fast.touch_many(keys)
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=5))
+    def pin_many(self, keys: list[bytes]) -> None:
+        for key in keys:
+            self.ref.pin(key)
+        self.fast.pin_many(keys)
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=5))
+    def unpin_many(self, keys: list[bytes]) -> None:
+        for key in keys:
+            self.ref.unpin(key)
+        self.fast.unpin_many(iter(keys))
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=4))
+    def insert_pinned(self, keys: list[bytes]) -> None:
+        """As the pool stores: absent keys with free slots, pinned at once (a key
+        twice in the call, or present, is a use and a pin)."""
+        slots: list[int] = []
+        for key in keys:
+            if key in self.ref or key in keys[: len(slots)]:
+                slots.append(0)
+            elif self.free:
+                slots.append(self.free.pop())
+            else:
+                break
+        keys = keys[: len(slots)]
+        for key, slot in zip(keys, slots, strict=True):
+            self.ref.insert(key, slot)
+            self.ref.pin(key)
+        self.fast.insert_pinned(keys, slots)
+
     @rule(n=st.integers(0, 5))
     def evict(self, n: int) -> None:
         got = self.fast.evict_items(n)

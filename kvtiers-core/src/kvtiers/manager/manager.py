@@ -108,6 +108,7 @@ class TieringOffloadingManager(ParentManager):
         # Bound once: the lookup path runs per block.
         self._get = self._slots.get
         self._state = self._slots.state
+        self._scan_prefix = self._slots.scan_prefix
         self._copy_down = self._traffic.copy_down
         self._cascade = self._traffic.cascade if tiers else None
         self._closed = False
@@ -171,6 +172,8 @@ class TieringOffloadingManager(ParentManager):
         now, and whether asking again next step may find more (a promotion or probe
         is in flight). Promotions for the whole prefix start in this one call."""
         with self._lock:
+            if not self._has_tiers:
+                return self._pool_prefix(keys)
             hits = 0
             leading = True
             retry = False
@@ -202,6 +205,21 @@ class TieringOffloadingManager(ParentManager):
                     for k, s in leading_hits:
                         slots.release(k, s)
             return PrefixLookup(hits, retry)
+
+    def _pool_prefix(self, keys: Iterable[BlockKey]) -> PrefixLookup:
+        """`lookup_prefix` without secondary tiers: nothing to promote or hold, so the
+        pool answers for the whole prefix at once (same counters as `_lookup` per
+        block: every key up to and including the first miss is one lookup)."""
+        if not isinstance(keys, list | tuple):
+            keys = list(keys)
+        resident, leading, ready = self._scan_prefix(keys)
+        c = self.counters
+        missed = resident < len(keys)
+        c["lookups"] += resident + missed
+        c["hits"] += ready
+        c["pending"] += resident - ready
+        c["misses"] += missed
+        return PrefixLookup(leading, ready < resident)
 
     # ------------------------------------------------------------------ loads
 
@@ -258,7 +276,8 @@ class TieringOffloadingManager(ParentManager):
             # Removals first: a tier reports them as they happen, results at the step,
             # so a block copied down again since its removal ends up "stored".
             self._events.collect()
-            self._traffic.step()
+            if self._has_tiers:  # no tiers: no jobs to collect, time out or submit
+                self._traffic.step()
 
     def drain(self, timeout: float | None = None) -> bool:
         """Submit everything queued and wait for the tiers' jobs (shutdown, tests).

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
 from kvtiers.keys import BlockKey
+from kvtiers.manager import slotops
 from kvtiers.manager.event_log import EventLog
 from kvtiers.manager.events import PrepareStoreOutput
 from kvtiers.manager.slot_state import (
@@ -34,6 +35,9 @@ from kvtiers.manager.slot_state import (
 )
 from kvtiers.policies.base import EvictionPolicy
 from kvtiers.slots import SlotAllocator
+
+_READY_BYTE = bytes((READY,))
+_STORING_BYTE = bytes((STORING,))
 
 #: `copy_down(key, slot)`: queue a dirty victim's copy to the secondary tiers (taking
 #: holds); False when no tier took it. Only called under write_back.
@@ -69,6 +73,8 @@ class SlotTable:
         self.holds = memoryview(self._holds).toreadonly()
         #: the slot of a resident key (any state), else None; bound once (hot path)
         self.get: Callable[[BlockKey], int | None] = policy.get
+        # The per-block loops over holds and states: C when built, else Python.
+        self._hold_many, self._release_many, self._fill = slotops.functions()
 
     # ------------------------------------------------------------------ reading
 
@@ -106,6 +112,28 @@ class SlotTable:
             slots.append(slot)
         return slots
 
+    def scan_prefix(self, keys: Sequence[BlockKey]) -> tuple[int, int, int]:
+        """The pool-only prefix scan: `(resident, leading, ready)` where `resident` is
+        how many leading keys are resident (the scan stops at the first absent one),
+        `leading` how many of those lead READY, `ready` how many of them are READY.
+        Takes no holds. O(1) per key, in C loops: every key of `keys` is looked up
+        once (the ones after the first absent key too: a prompt's misses are its
+        tail, so that costs little and saves a Python loop per block)."""
+        found = list(map(self.get, keys))
+        try:
+            resident = found.index(None)
+            del found[resident:]
+        except ValueError:
+            resident = len(found)
+        if not resident:
+            return 0, 0, 0
+        slots = cast("list[int]", found)  # every None is gone
+        states = bytes(map(self._state.__getitem__, slots))
+        ready = states.count(_READY_BYTE)
+        if ready == resident:
+            return resident, resident, resident
+        return resident, resident - len(states.lstrip(_READY_BYTE)), ready
+
     # ------------------------------------------------------------------ holds
 
     def hold(self, key: BlockKey, slot: int) -> None:
@@ -137,30 +165,43 @@ class SlotTable:
     def hold_readable(self, keys: Sequence[BlockKey]) -> list[int]:
         """Hold every block of `keys` (all must be READY) and return their slots, in
         order; `KeyError` (and no hold taken) when one is not."""
-        get, state, hold = self.get, self._state, self.hold
-        slots: list[int] = []
-        for key in keys:
-            slot = get(key)
-            if slot is None or state[slot] != READY:
-                for k, s in zip(keys, slots, strict=False):  # the ones held so far
-                    self.release(k, s)
-                raise KeyError(f"prepare_load: block {key.hex()} is not readable (not a HIT)")
-            hold(key, slot)
-            slots.append(slot)
-        return slots
+        slots = list(map(self.get, keys))
+        if None in slots or bytes(map(self._state.__getitem__, slots)).count(  # type: ignore[arg-type]
+            _READY_BYTE
+        ) != len(slots):
+            for key, slot in zip(keys, slots, strict=True):
+                if slot is None or self._state[slot] != READY:
+                    raise KeyError(f"prepare_load: block {key.hex()} is not readable (not a HIT)")
+        ready = cast("list[int]", slots)
+        keys = keys if type(keys) is list else list(keys)
+        fresh = self._hold_many(self._holds, keys, ready)  # pinned in the policy now
+        if fresh:
+            self._pinned += len(fresh)
+            self._policy.pin_many(fresh)
+        return ready
 
     def release_keys(self, keys: Iterable[BlockKey]) -> None:
         """Drop one hold of each resident key of `keys`; others are ignored."""
-        get, release = self.get, self.release
-        for key in keys:
-            slot = get(key)
-            if slot is not None:
-                release(key, slot)
+        if self.write_back:  # a last hold may evict a LEAVING block: one by one
+            get, release = self.get, self.release
+            for key in keys:
+                slot = get(key)
+                if slot is not None:
+                    release(key, slot)
+            return
+        keys = keys if type(keys) is list else list(keys)
+        self._release_all(keys, list(map(self.get, keys)))
+
+    def _release_all(self, keys: list[BlockKey], slots: list[int | None]) -> None:
+        """`release` for each (key, slot) pair with a slot, in order; no block is
+        LEAVING (write_through: nothing is ever copied down on eviction)."""
+        last = self._release_many(self._holds, keys, slots)  # candidates again
+        if last:
+            self._pinned -= len(last)
+            self._policy.unpin_many(last)
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
-        touch = self._policy.touch
-        for key in keys:
-            touch(key)
+        self._policy.touch_many(keys)
 
     # ------------------------------------------------------------------ stores
 
@@ -172,17 +213,12 @@ class SlotTable:
         nothing allocated, when the pool cannot take them now: too few candidates
         (nothing evicted then), or dirty victims still being copied down (write_back:
         those evicted meanwhile are announced)."""
-        get = self.get
-        new: list[BlockKey] = []
-        seen: set[BlockKey] = set()
-        present = False
-        for key in keys:
-            if get(key) is None:
-                if key not in seen:
-                    new.append(key)
-                    seen.add(key)
-            else:
-                present = True
+        found = list(map(self.get, keys))
+        if None not in found:
+            return PrepareStoreOutput([], [], [])
+        absent = [key for key, slot in zip(keys, found, strict=True) if slot is None]
+        present = len(absent) < len(found)
+        new = list(dict.fromkeys(absent))  # each key once, in call order
         n = len(new)
         if not n:
             return PrepareStoreOutput(new, [], [])
@@ -209,11 +245,11 @@ class SlotTable:
         slots = self._alloc.allocate(n)
         if slots is None:
             return None
-        insert, state, hold = self._policy.insert, self._state, self.hold
-        for key, slot in zip(new, slots, strict=True):
-            insert(key, slot)
-            state[slot] = STORING
-            hold(key, slot)
+        # Each new block: in the policy pinned (the store's hold), STORING, one hold.
+        self._policy.insert_pinned(new, slots)
+        self._fill(self._state, slots, STORING)
+        self._hold_many(self._holds, new, slots)  # free slots: 0 -> 1
+        self._pinned += n
         return PrepareStoreOutput(new, slots, evicted)
 
     def _unpinned(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
@@ -230,6 +266,8 @@ class SlotTable:
         """The engine's copies of `keys` succeeded: the STORING ones become READY
         (write_back: and DIRTY; write_through: `cascade(key, slot)` queues their copies
         before the store's hold goes). Returns the keys that became readable."""
+        if cascade is None and not self.write_back:
+            return self._finish_stores_pool_only(keys)
         get, state, flags, release = self.get, self._state, self._flags, self.release
         write_back = self.write_back
         stored: list[BlockKey] = []
@@ -244,6 +282,32 @@ class SlotTable:
             elif cascade is not None:
                 cascade(key, slot)
             release(key, slot)
+        return stored
+
+    def _finish_stores_pool_only(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
+        """`finish_stores` with nothing to cascade or mark dirty: the STORING blocks
+        become READY and their store holds go, in one pass."""
+        keys = keys if type(keys) is list else list(keys)
+        state = self._state
+        found = list(map(self.get, keys))
+        if (
+            None not in found
+            and bytes(map(state.__getitem__, found)).count(_STORING_BYTE) == len(found)  # type: ignore[arg-type]
+            and len(set(found)) == len(found)
+        ):  # the common case: each key once, all being stored
+            ready = cast("list[int]", found)
+            self._fill(state, ready, READY)
+            self._release_all(keys, found)
+            return keys
+        stored: list[BlockKey] = []
+        slots: list[int | None] = []
+        for key, slot in zip(keys, found, strict=True):
+            if slot is None or state[slot] != STORING:
+                continue
+            state[slot] = READY
+            stored.append(key)
+            slots.append(slot)
+        self._release_all(stored, slots)
         return stored
 
     def fail_stores(self, keys: Iterable[BlockKey]) -> None:
@@ -326,6 +390,17 @@ class SlotTable:
         called). Under write_back a dirty victim is copied down first: it stays,
         held by its copies and flagged LEAVING, and goes when they end."""
         policy, flags = self._policy, self._flags
+        if not self.write_back:  # nothing is dirty: every victim goes now, in one batch
+            victims = self._victims(n)
+            if victims:
+                slots = [slot for _, slot in victims]
+                self._fill(self._state, slots, FREE)
+                self._fill(flags, slots, 0)
+                self._alloc.free(slots)
+                evicted.extend(key for key, _ in victims)
+                self._evictions += len(evicted)
+                self._events.removed(list(evicted))
+            return
         freed = leaving = 0
         while freed + leaving < n:
             victims = self._victims(n - freed - leaving)

@@ -49,6 +49,12 @@ class ARCPolicy(EvictionPolicy):
         self.p = 0.0  # target size of T1, in 0..c
         self._c = capacity or 0
 
+    @classmethod
+    def for_slots(cls, num_slots: int) -> EvictionPolicy:
+        from kvtiers.policies.slot_arc import SlotARCPolicy
+
+        return SlotARCPolicy(num_slots)
+
     def insert(self, key: Hashable, value: Any = None) -> None:
         """Add `key` with `value`; a key already present is only touched (its value
         is kept). A key remembered by a ghost list adapts `p` and goes to T2."""

@@ -14,6 +14,9 @@ Contract (every policy; tested by one shared test class):
 - `remove(key)` forgets an entry (pinned or not); unknown keys are ignored;
 - `export()` returns recency state as a JSON-ready list (oldest first) that
   `restore()` accepts after a restart (persistent tiers).
+- the batch forms `pin_many`, `unpin_many`, `touch_many` and `insert_pinned` do
+  exactly what the single calls would, in order; a policy may override them with
+  faster loops (the CPU pool's slot policies do).
 `examined` counts entries a policy looked at while choosing victims, so tests can
 prove the O(1) bound by counting rather than timing.
 """
@@ -63,6 +66,24 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def remove(self, key: Hashable) -> None: ...
+
+    def pin_many(self, keys: Iterable[Hashable]) -> None:
+        for key in keys:
+            self.pin(key)
+
+    def unpin_many(self, keys: Iterable[Hashable]) -> None:
+        for key in keys:
+            self.unpin(key)
+
+    def touch_many(self, keys: Iterable[Hashable]) -> None:
+        for key in keys:
+            self.touch(key)
+
+    def insert_pinned(self, keys: Iterable[Hashable], values: Iterable[Any]) -> None:
+        """`insert(key, value)` then `pin(key)` for each pair; the keys are absent."""
+        for key, value in zip(keys, values, strict=True):
+            self.insert(key, value)
+            self.pin(key)
 
     @abstractmethod
     def __contains__(self, key: object) -> bool: ...

@@ -52,6 +52,12 @@ class SievePolicy(EvictionPolicy):
         self._pinned: dict[Hashable, Any] = {}
         self._visited: set[Hashable] = set()
 
+    @classmethod
+    def for_slots(cls, num_slots: int) -> EvictionPolicy:
+        from kvtiers.policies.slot_sieve import SlotSievePolicy
+
+        return SlotSievePolicy(num_slots)
+
     def insert(self, key: Hashable, value: Any = None) -> None:
         """Add `key` with `value` at the newest end; a key already present is only
         touched (its value is kept)."""

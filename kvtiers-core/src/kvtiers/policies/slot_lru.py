@@ -15,8 +15,8 @@ at its compact size, for an amortised cost of about two entry copies per inserti
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable
-from typing import Any, ClassVar
+from collections.abc import Hashable, Iterable
+from typing import Any, ClassVar, cast
 
 from kvtiers.policies.base import EvictionPolicy
 
@@ -125,6 +125,78 @@ class SlotLRUPolicy(EvictionPolicy):
         prev[slot] = last
         nxt[slot] = head
         prev[head] = slot
+
+    # Batch forms (the pool calls these per engine call): the single calls' code,
+    # inlined in one loop.
+
+    def pin_many(self, keys: Iterable[Hashable]) -> None:
+        get, pinned, prev, nxt = self._index.get, self._pinned, self._prev, self._next
+        count = 0
+        for key in keys:
+            slot = get(key)
+            if slot is None or pinned[slot]:
+                continue
+            pinned[slot] = 1
+            count += 1
+            p = prev[slot]
+            n = nxt[slot]
+            nxt[p] = n
+            prev[n] = p
+        self.pinned_count += count
+
+    def unpin_many(self, keys: Iterable[Hashable]) -> None:
+        get, pinned, head = self._index.get, self._pinned, self._head
+        prev, nxt = self._prev, self._next
+        count = 0
+        for key in keys:
+            slot = get(key)
+            if slot is None or not pinned[slot]:
+                continue
+            pinned[slot] = 0
+            count += 1
+            last = prev[head]
+            nxt[last] = slot
+            prev[slot] = last
+            nxt[slot] = head
+            prev[head] = slot
+        self.pinned_count -= count
+
+    def touch_many(self, keys: Iterable[Hashable]) -> None:
+        found = list(map(self._index.get, keys))
+        slots = cast("list[int]", [s for s in found if s is not None] if None in found else found)
+        pinned = self._pinned
+        if not bytes(map(pinned.__getitem__, slots)).count(0):
+            return  # all pinned (an engine touches what it just loaded): nothing moves
+        prev, nxt, head = self._prev, self._next, self._head
+        for slot in slots:
+            if pinned[slot]:
+                continue
+            p = prev[slot]
+            n = nxt[slot]
+            nxt[p] = n
+            prev[n] = p
+            last = prev[head]
+            nxt[last] = slot
+            prev[slot] = last
+            nxt[slot] = head
+            prev[head] = slot
+
+    def insert_pinned(self, keys: Iterable[Hashable], values: Iterable[Any]) -> None:
+        index, klist, pinned, limit = self._index, self._keys, self._pinned, self._head
+        count = 0
+        for key, slot in zip(keys, values, strict=True):
+            if key in index or type(slot) is not int or not 0 <= slot < limit:
+                self.insert(key, slot)  # a use (or the error) as `insert` gives it
+                self.pin(key)
+                continue
+            index[key] = slot
+            klist[slot] = key
+            pinned[slot] = 1  # never linked: a pinned entry is not in the list
+            count += 1
+        self.pinned_count += count
+        self._inserts += count
+        if self._inserts > 1024 and self._inserts > len(index) // 2:
+            self._compact()
 
     def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]:
         head, prev, nxt, keys, index = self._head, self._prev, self._next, self._keys, self._index

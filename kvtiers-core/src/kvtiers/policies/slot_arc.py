@@ -1,0 +1,273 @@
+"""ARC for a CPU pool whose values are slot numbers: `ARCPolicy`'s algorithm (same
+victims, same `p`, same ghosts) laid out like `SlotLRUPolicy`.
+
+T1 and T2 are two doubly linked lists threaded through the same int32 arrays
+indexed by slot (a sentinel each), oldest first; one byte per slot says where the
+entry is (T1, T2, or pinned out of either: P1, P2); a key -> slot dict (kept compact,
+see `slot_lru`) and a slot -> key list complete the resident side, ~70 bytes per
+entry. The ghosts B1 and B2 are `GhostLists` (flat arrays, ~20-40 bytes per ghost)
+instead of ordered dicts of ints (~130). Lookups are one dict `get` (bound at
+construction), where `ARCPolicy.get` is a Python method over four dicts.
+
+Pinned entries are unlinked, so eviction never meets them: O(1) per victim plus the
+ghosts it drops (each ghost is added and dropped once: O(1) amortised).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Hashable, Iterable
+from typing import Any, ClassVar, cast
+
+from kvtiers.policies.base import EvictionPolicy
+from kvtiers.policies.ghosts import GhostLists
+
+# Where an entry is (one byte per slot).
+_T1, _T2, _P1, _P2 = 1, 2, 3, 4
+
+
+class SlotARCPolicy(EvictionPolicy):
+    """ARC over values that are slot numbers in `0..capacity-1` (each used by at
+    most one entry at a time). `capacity` is also ARC's `c`."""
+
+    name: ClassVar[str] = "arc"
+
+    def __init__(self, capacity: int | None = None):
+        if capacity is None or capacity < 0:
+            raise ValueError("SlotARCPolicy needs the number of slots as its capacity")
+        super().__init__(capacity)
+        # Sentinels: next[h] is a list's oldest entry, prev[h] its newest.
+        self._h1, self._h2 = capacity, capacity + 1
+        self._next = array("i", range(capacity + 2))
+        self._prev = array("i", range(capacity + 2))
+        self._keys: list[Hashable | None] = [None] * capacity
+        self._where = bytearray(capacity)
+        self._index: dict[Hashable, int] = {}
+        self.get = self._index.get  # type: ignore[method-assign, assignment]
+        self._ghosts = GhostLists()
+        self._n1 = self._n2 = self._np1 = 0  # entries in T1, T2, P1
+        self.p = 0.0  # target size of T1, in 0..c
+        self._c = capacity
+        self._inserts = 0
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        # Shadowed per instance by the index's own bound `get` (see __init__).
+        return self._index.get(key, default)
+
+    # The lists.
+
+    def _append(self, head: int, slot: int) -> None:
+        prev, nxt = self._prev, self._next
+        last = prev[head]
+        nxt[last] = slot
+        prev[slot] = last
+        nxt[slot] = head
+        prev[head] = slot
+
+    def _unlink(self, slot: int) -> None:
+        prev, nxt = self._prev, self._next
+        p = prev[slot]
+        n = nxt[slot]
+        nxt[p] = n
+        prev[n] = p
+
+    def _pop_oldest(self, head: int) -> int:
+        prev, nxt = self._prev, self._next
+        slot = nxt[head]
+        n = nxt[slot]
+        nxt[head] = n
+        prev[n] = head
+        return slot
+
+    # The policy.
+
+    def insert(self, key: Hashable, value: Any = None) -> None:
+        """As `ARCPolicy.insert`: a present key is only touched; a key remembered
+        by a ghost list adapts `p` and goes to T2."""
+        index = self._index
+        if key in index:
+            self.touch(key)
+            return
+        if not isinstance(value, int) or not 0 <= value < self._h1:
+            raise ValueError(f"value must be a slot number in 0..{self._h1 - 1}, got {value!r}")
+        ghosts = self._ghosts
+        ghost = hash(key)
+        where = ghosts.find(ghost)
+        if where == 1:  # evicted from T1 too early: give T1 more room
+            self.p = min(self._c, self.p + max(1.0, ghosts.len2 / ghosts.len1))
+            ghosts.discard(ghost)
+            self._append(self._h2, value)
+            self._where[value] = _T2
+            self._n2 += 1
+        elif where == 2:  # evicted from T2 too early: give T2 more room
+            self.p = max(0.0, self.p - max(1.0, ghosts.len1 / ghosts.len2))
+            ghosts.discard(ghost)
+            self._append(self._h2, value)
+            self._where[value] = _T2
+            self._n2 += 1
+        else:
+            self._append(self._h1, value)
+            self._where[value] = _T1
+            self._n1 += 1
+            if ghosts.len1 and self._n1 + self._np1 + ghosts.len1 > self._c:
+                ghosts.pop_oldest(1)  # the paper's |T1| + |B1| <= c, kept on arrival
+        index[key] = value
+        self._keys[value] = key
+        self._inserts += 1
+        if self._inserts > 1024 and self._inserts > len(index) // 2:
+            self._compact()
+
+    def _compact(self) -> None:
+        """CPython dicts never shrink and churn leaves them 3x their live size:
+        rebuilt in place (the bound `get` stays valid), the index stays compact,
+        for ~2 entry copies per insertion."""
+        index = self._index
+        fresh = dict(index)
+        index.clear()
+        index.update(fresh)
+        self._inserts = 0
+
+    def touch(self, key: Hashable) -> None:
+        slot = self._index.get(key)
+        if slot is None:
+            return
+        where = self._where[slot]
+        if where == _T1:
+            self._unlink(slot)
+            self._append(self._h2, slot)
+            self._where[slot] = _T2
+            self._n1 -= 1
+            self._n2 += 1
+        elif where == _T2:
+            self._unlink(slot)
+            self._append(self._h2, slot)
+        elif where == _P1:
+            self._where[slot] = _P2
+            self._np1 -= 1
+
+    def touch_many(self, keys: Iterable[Hashable]) -> None:
+        found = list(map(self._index.get, keys))
+        slots = cast("list[int]", [s for s in found if s is not None] if None in found else found)
+        where = self._where
+        if bytes(map(where.__getitem__, slots)).count(_P2) == len(slots):
+            return  # all pinned and already in T2's side (the common case: just loaded)
+        touch = self.touch
+        keys_of = self._keys
+        for slot in slots:
+            if where[slot] != _P2:
+                touch(keys_of[slot])
+
+    def pin(self, key: Hashable) -> None:
+        slot = self._index.get(key)
+        if slot is None:
+            return
+        where = self._where[slot]
+        if where == _T1:
+            self._unlink(slot)
+            self._where[slot] = _P1
+            self._n1 -= 1
+            self._np1 += 1
+        elif where == _T2:
+            self._unlink(slot)
+            self._where[slot] = _P2
+            self._n2 -= 1
+
+    def unpin(self, key: Hashable) -> None:
+        slot = self._index.get(key)
+        if slot is None:
+            return
+        where = self._where[slot]
+        if where == _P1:
+            self._append(self._h1, slot)
+            self._where[slot] = _T1
+            self._np1 -= 1
+            self._n1 += 1
+        elif where == _P2:
+            self._append(self._h2, slot)
+            self._where[slot] = _T2
+            self._n2 += 1
+
+    def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]:
+        keys, index, where, ghosts = self._keys, self._index, self._where, self._ghosts
+        pinned_t1, p = self._np1, self.p
+        victims: list[tuple[Hashable, Any]] = []
+        while len(victims) < n:
+            n1, n2 = self._n1, self._n2
+            if n1 and (n1 + pinned_t1 > p or not n2):
+                slot = self._pop_oldest(self._h1)
+                self._n1 = n1 - 1
+                which = 1
+            elif n2:
+                slot = self._pop_oldest(self._h2)
+                self._n2 = n2 - 1
+                which = 2
+            else:
+                break
+            key = keys[slot]
+            keys[slot] = None
+            where[slot] = 0
+            del index[key]
+            ghosts.add(which, hash(key))
+            victims.append((key, slot))
+        self.examined += len(victims)
+        c = self._c = self.capacity or max(self._c, len(index) + len(victims))
+        # Drop the oldest ghosts beyond the bounds (as ARCPolicy.evict_items).
+        while ghosts.len1 and self._n1 + pinned_t1 + ghosts.len1 > c:
+            ghosts.pop_oldest(1)
+        while ghosts.len1 + ghosts.len2 > c:
+            ghosts.pop_oldest(2 if ghosts.len2 else 1)
+        return victims
+
+    def remove(self, key: Hashable) -> None:
+        slot = self._index.pop(key, None)
+        if slot is None:
+            return
+        self._keys[slot] = None
+        where = self._where[slot]
+        self._where[slot] = 0
+        if where == _T1:
+            self._unlink(slot)
+            self._n1 -= 1
+        elif where == _T2:
+            self._unlink(slot)
+            self._n2 -= 1
+        elif where == _P1:
+            self._np1 -= 1
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def is_pinned(self, key: Hashable) -> bool:
+        slot = self._index.get(key)
+        return slot is not None and self._where[slot] >= _P1
+
+    def _list(self, head: int) -> list[Hashable | None]:
+        out = []
+        nxt, keys = self._next, self._keys
+        slot = nxt[head]
+        while slot != head:
+            out.append(keys[slot])
+            slot = nxt[slot]
+        return out
+
+    def export(self) -> list[Any]:
+        """As `ARCPolicy.export`: the eviction order if nothing were used again,
+        then pinned keys (those of T1 first)."""
+        t1 = self._list(self._h1)
+        first = len(t1)
+        if self._n2:
+            first = max(0, math.ceil(len(t1) + self._np1 - self.p))
+        where = self._where
+        p1 = [k for k, s in self._index.items() if where[s] == _P1]
+        p2 = [k for k, s in self._index.items() if where[s] == _P2]
+        return [*t1[:first], *self._list(self._h2), *t1[first:], *p1, *p2]
+
+    def restore(self, state: Any) -> None:
+        raise NotImplementedError(
+            "SlotARCPolicy holds slot numbers, which do not survive a restart; "
+            "persistent tiers restore an ARCPolicy"
+        )

@@ -1,0 +1,204 @@
+"""SIEVE for a CPU pool whose values are slot numbers: `SievePolicy`'s algorithm
+(same victims, same order, same `examined`) laid out like `SlotLRUPolicy`.
+
+`SievePolicy` keeps the queue as two ordered dicts, `_ahead` (not yet reached by the
+hand in this sweep) and `_behind` (survivors it passed). Here the queue is one doubly
+linked list threaded through int32 arrays indexed by slot, oldest first, `behind`
+then `ahead`; the hand is the slot where `ahead` starts (the sentinel when `ahead` is
+empty). A key -> slot dict (kept compact, see `slot_lru`), a slot -> key list and one
+byte each for "visited" and "pinned" complete it: ~70 bytes per entry, where the
+ordered dicts and the visited set cost ~300 under churn.
+
+Pinned entries are unlinked (their visited byte stays), so the hand never meets them:
+eviction is O(1) amortised per victim whatever share is pinned.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable, Iterable
+from typing import Any, ClassVar
+
+from kvtiers.policies.base import EvictionPolicy
+
+
+class SlotSievePolicy(EvictionPolicy):
+    """SIEVE over values that are slot numbers in `0..capacity-1` (each used by at
+    most one entry at a time)."""
+
+    name: ClassVar[str] = "sieve"
+
+    def __init__(self, capacity: int | None = None):
+        if capacity is None or capacity < 0:
+            raise ValueError("SlotSievePolicy needs the number of slots as its capacity")
+        super().__init__(capacity)
+        head = capacity  # sentinel: next[head] is the oldest, prev[head] the newest
+        self._head = head
+        self._hand = head  # where `ahead` starts; the sentinel: `ahead` is empty
+        self._next = array("i", [head]) * (capacity + 1)
+        self._prev = array("i", [head]) * (capacity + 1)
+        self._keys: list[Hashable | None] = [None] * capacity
+        self._visited = bytearray(capacity)
+        self._pinned = bytearray(capacity)
+        self._index: dict[Hashable, int] = {}
+        self.get = self._index.get  # type: ignore[method-assign, assignment]
+        self._inserts = 0
+        self.pinned_count = 0
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        # Shadowed per instance by the index's own bound `get` (see __init__).
+        return self._index.get(key, default)
+
+    def _link_newest(self, slot: int) -> None:
+        """Append `slot` at the newest end: the end of `ahead`."""
+        head, prev, nxt = self._head, self._prev, self._next
+        last = prev[head]
+        nxt[last] = slot
+        prev[slot] = last
+        nxt[slot] = head
+        prev[head] = slot
+        if self._hand == head:  # `ahead` was empty: it starts here now
+            self._hand = slot
+
+    def _unlink(self, slot: int) -> None:
+        prev, nxt = self._prev, self._next
+        p = prev[slot]
+        n = nxt[slot]
+        nxt[p] = n
+        prev[n] = p
+        if self._hand == slot:
+            self._hand = n
+
+    def insert(self, key: Hashable, value: Any = None) -> None:
+        index = self._index
+        slot = index.get(key)
+        if slot is not None:
+            self._visited[slot] = 1
+            return
+        if not isinstance(value, int) or not 0 <= value < self._head:
+            raise ValueError(f"value must be a slot number in 0..{self._head - 1}, got {value!r}")
+        index[key] = value
+        self._keys[value] = key
+        self._visited[value] = 0
+        self._link_newest(value)
+        self._inserts += 1
+        if self._inserts > 1024 and self._inserts > len(index) // 2:
+            self._compact()
+
+    def _compact(self) -> None:
+        """CPython dicts never shrink and churn leaves them 3x their live size:
+        rebuilt in place (the bound `get` stays valid), the index stays compact,
+        for ~2 entry copies per insertion."""
+        index = self._index
+        fresh = dict(index)
+        index.clear()
+        index.update(fresh)
+        self._inserts = 0
+
+    def touch(self, key: Hashable) -> None:
+        slot = self._index.get(key)
+        if slot is not None:
+            self._visited[slot] = 1
+
+    def touch_many(self, keys: Iterable[Hashable]) -> None:
+        visited = self._visited
+        for slot in map(self._index.get, keys):
+            if slot is not None:
+                visited[slot] = 1
+
+    def pin(self, key: Hashable) -> None:
+        slot = self._index.get(key)
+        if slot is None or self._pinned[slot]:
+            return
+        self._pinned[slot] = 1
+        self.pinned_count += 1
+        self._unlink(slot)
+
+    def unpin(self, key: Hashable) -> None:
+        slot = self._index.get(key)
+        if slot is None or not self._pinned[slot]:
+            return
+        self._pinned[slot] = 0
+        self.pinned_count -= 1
+        self._link_newest(slot)
+
+    def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]:
+        head, prev, nxt = self._head, self._prev, self._next
+        keys, index, visited = self._keys, self._index, self._visited
+        victims: list[tuple[Hashable, Any]] = []
+        hand = self._hand
+        passed = 0
+        while len(victims) < n:
+            if hand == head:
+                hand = nxt[head]  # the hand wraps to the oldest entry
+                if hand == head:
+                    break  # nothing unpinned
+            if visited[hand]:
+                visited[hand] = 0
+                passed += 1
+                hand = nxt[hand]
+                continue
+            slot = hand
+            hand = nxt[slot]
+            p = prev[slot]
+            nxt[p] = hand
+            prev[hand] = p
+            key = keys[slot]
+            keys[slot] = None
+            del index[key]
+            victims.append((key, slot))
+        self._hand = hand
+        self.examined += len(victims) + passed
+        return victims
+
+    def remove(self, key: Hashable) -> None:
+        slot = self._index.pop(key, None)
+        if slot is None:
+            return
+        self._keys[slot] = None
+        self._visited[slot] = 0
+        if self._pinned[slot]:
+            self._pinned[slot] = 0
+            self.pinned_count -= 1
+        else:
+            self._unlink(slot)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def is_pinned(self, key: Hashable) -> bool:
+        slot = self._index.get(key)
+        return slot is not None and bool(self._pinned[slot])
+
+    def _queue(self, start: int, stop: int) -> list[int]:
+        out = []
+        nxt = self._next
+        slot = start
+        while slot != stop:
+            out.append(slot)
+            slot = nxt[slot]
+        return out
+
+    def export(self) -> list[Any]:
+        """As `SievePolicy.export`: unvisited entries ahead of the hand, unvisited
+        behind it, visited ahead, visited behind, then pinned keys."""
+        head, keys, visited = self._head, self._keys, self._visited
+        behind = self._queue(self._next[head], self._hand)
+        ahead = self._queue(self._hand, head)
+        order = [
+            *(s for s in ahead if not visited[s]),
+            *(s for s in behind if not visited[s]),
+            *(s for s in ahead if visited[s]),
+            *(s for s in behind if visited[s]),
+        ]
+        pinned = self._pinned
+        return [keys[s] for s in order] + [k for k, s in self._index.items() if pinned[s]]
+
+    def restore(self, state: Any) -> None:
+        raise NotImplementedError(
+            "SlotSievePolicy holds slot numbers, which do not survive a restart; "
+            "persistent tiers restore a SievePolicy"
+        )
