@@ -34,6 +34,7 @@ import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
@@ -68,8 +69,12 @@ READ_CHUNK_BYTES = 16 << 10
 assert RECORD.size == 64 and MAX_INLINE_IDENT <= 40 < 256
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """One journal record. A tuple of ints and bytes: the garbage collector stops
+    tracking it at its first collection, so the records of a journal tail being
+    applied never reach the oldest generation (they would trigger full collections,
+    each walking a million-entry index holding the GIL)."""
+
     op: int
     writer: int
     size: int
