@@ -27,7 +27,8 @@ store reports them as keys.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
+from contextlib import closing
 from itertools import islice
 
 from kvtiers.policies.base import EvictionPolicy
@@ -124,10 +125,6 @@ class BlockIndex:
     def _size(self, size: int) -> int:
         return self._sizes_cache.setdefault(size, size)
 
-    def _adopt(self, idn: Ident, size: int) -> None:
-        size = self._size(size)
-        self.bounded.adopt([(idn, size, size)])
-
     def make_room(self, size: int) -> list[tuple[Ident, int]] | None:
         """Count `size` bytes for an own intent, evicting unpinned blocks by policy to
         make room: the victims (out of the index, usage included; removals collected),
@@ -156,47 +153,76 @@ class BlockIndex:
 
     def apply(self, records: list[Record]) -> tuple[int, int] | None:
         """Fold one frame in. Returns (op, gen) for ROTATE/RELOAD, which end a
-        journal (the rest of the frame is not applied)."""
+        journal (the rest of the frame is not applied).
+
+        Commits and the held bytes of intents are gathered per piece of `CHUNK`
+        records and handed to the bounded index at once (one lock hold per piece,
+        not per record: a journal tail of a million records); a record that depends
+        on a gathered commit (a removal or touch of that block) hands them over first.
+        Only the owner changes the index, so nobody sees the difference but usage,
+        which lags by at most one piece."""
         dels: list[Ident] = []
         bounded, pending = self.bounded, self.pending
+        adopted: dict[Ident, int] = {}  # committed by this piece, not adopted yet
+        held = 0  # bytes of intents begun minus ended by this piece, not counted yet
         for n, r in enumerate(records, 1):
             if n % CHUNK == 0:
+                held = self._hand_over(adopted, held)
                 pause()  # a large frame: see pacing.py
             op, idn = r.op, r.ident
             if op == jr.ADD:
-                if idn not in pending and idn not in bounded:
+                if idn not in pending and idn not in bounded and idn not in adopted:
                     pending[idn] = (r.writer, r.size)
-                    bounded.hold(r.size, evict=False)  # its writer made room
+                    held += r.size  # its writer made room
             elif op == jr.COMMIT:
                 p = pending.get(idn)
                 if p is not None:
                     if p[0] != r.writer:
                         continue  # another writer's intent: not this record's to end
                     del pending[idn]
-                    bounded.release(p[1])
-                    self._adopt(idn, p[1])  # (kept as it is if it is held already)
-                elif idn not in bounded and r.size:
+                    held -= p[1]
+                    # (kept as it is if it is held already: `adopt`)
+                    adopted.setdefault(idn, self._size(p[1]))
+                elif idn not in bounded and idn not in adopted and r.size:
                     # An intent a rebuild dropped while its writer was still writing:
                     # the writer vouches for the file it committed.
-                    self._adopt(idn, r.size)
+                    adopted[idn] = self._size(r.size)
             elif op == jr.ABORT:
                 p = pending.get(idn)
                 if p is not None and p[0] == r.writer:
                     del pending[idn]
-                    bounded.release(p[1])
+                    held -= p[1]
             elif op in (jr.REMOVE, jr.FORGET):
+                if idn in adopted:
+                    held = self._hand_over(adopted, held)
                 bounded.remove(idn)  # reported to `_removed` when it was held
                 if op == jr.REMOVE:
                     dels.append(idn)
             elif op == jr.TOUCH:
+                if idn in adopted:
+                    held = self._hand_over(adopted, held)
                 bounded.touch((idn,))
             elif op == jr.GONE:
                 self.last_deletes.pop(r.size, None)
             elif op in (jr.ROTATE, jr.RELOAD):
+                self._hand_over(adopted, held)
                 return op, r.size
+        self._hand_over(adopted, held)
         if records:
             self.set_last_deletes(records[0].writer, dels)
         return None
+
+    def _hand_over(self, adopted: dict[Ident, int], held: int) -> int:
+        """Give the bounded index what `apply` gathered; returns 0 (nothing left)."""
+        bounded = self.bounded
+        if adopted:
+            bounded.adopt((i, s, s) for i, s in adopted.items())
+            adopted.clear()
+        if held > 0:
+            bounded.hold(held, evict=False)
+        elif held < 0:
+            bounded.release(-held)
+        return 0
 
     def install(self, records: Iterable[tuple[int, int, int, int, bytes]], *,
                 report: bool) -> None:
@@ -232,7 +258,12 @@ class BlockIndex:
             pause()
         if sizes is not None:
             before = len(self._removed)
-            for gone in chunks([i for i in bounded.order() if i not in sizes]):
+            went: list[Ident] = []
+            with closing(bounded.iter_items(CHUNK)) as pieces:  # its lock held meanwhile
+                for had in pieces:
+                    went += [i for i, _, _ in had if i not in sizes]
+                    pause()
+            for gone in chunks(went):
                 for idn in gone:
                     bounded.remove(idn)
             if not report:
@@ -245,12 +276,17 @@ class BlockIndex:
         bounded.hold(sum(s for _, s in pending.values()), evict=False)
         self.pending, self.last_deletes = pending, lastdel
 
-    def entries(self) -> Iterator[list[tuple[Ident, int]]]:
-        """Committed blocks in eviction order (victims first), in pieces (with pauses
-        in between). The owner must not change the index until it has read them all
-        (the order is copied when the first piece is asked for)."""
-        for piece in chunks(self.bounded.items()):
-            yield [(i, s) for i, _, s in piece]
+    def entries(self) -> Generator[list[tuple[Ident, int]], None, None]:
+        """Committed blocks in order of use (least recently used first), in pieces
+        (with pauses in between), read from the bounded index without copying it
+        (`BoundedIndex.iter_items`: its lock is held until the last piece is read -
+        the scheduler's pins and touches queue meanwhile). The owner must not call
+        the index until it has read them all or closed the iterator (`closing`: an
+        iterator left open keeps that lock)."""
+        with closing(self.bounded.iter_items(CHUNK)) as pieces:
+            for piece in pieces:
+                yield [(i, s) for i, _, s in piece]
+                pause()
 
     def pending_items(self) -> list[tuple[Ident, tuple[int, int]]]:
         return list(self.pending.items())

@@ -201,10 +201,12 @@ class IndexFiles:
         tmp = gens.snapshot_tmp_name(jgen + 1, self.writer)
         layout.unlink_quiet(tmp, self.ns_fd)
         index = self.index
-        gens.write_snapshot(self.ns_fd, tmp, jgen + 1, index.entries(), index.pending_items(),
-                            index.last_delete_items(), blocks=index.blocks,
-                            nbytes=index.committed_bytes(), base_gen=jgen,
-                            base_offset=offset, durable=self.durable)
+        pending, lastdel = index.pending_items(), index.last_delete_items()
+        blocks, nbytes = index.blocks, index.committed_bytes()
+        with contextlib.closing(index.entries()) as entries:  # it holds the index's lock
+            gens.write_snapshot(self.ns_fd, tmp, jgen + 1, entries, pending, lastdel,
+                                blocks=blocks, nbytes=nbytes, base_gen=jgen,
+                                base_offset=offset, durable=self.durable)
         return tmp, jgen, offset
 
     def install_next_snapshot(self, tmp: str, jgen: int) -> bool:

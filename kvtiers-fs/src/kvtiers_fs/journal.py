@@ -34,6 +34,7 @@ import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
@@ -68,8 +69,10 @@ READ_CHUNK_BYTES = 16 << 10
 assert RECORD.size == 64 and MAX_INLINE_IDENT <= 40 < 256
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """One journal record (a NamedTuple: built in about half the time of a frozen
+    dataclass, a journal tail has hundreds of thousands)."""
+
     op: int
     writer: int
     size: int

@@ -400,7 +400,8 @@ class RootStore:
         (plus a stat per block with `ages`); never the scheduler thread's."""
         self.sync()
         with self._mu:
-            entries = [e for piece in self.index.entries() for e in piece]
+            with contextlib.closing(self.index.entries()) as pieces:
+                entries = [e for piece in pieces for e in piece]
             pending = self.index.pending_items()
         records, unnamed = self.blocks.records(entries, ages=ages)
         return NamespaceInventory(

@@ -20,6 +20,14 @@ capacity bound, pins and reservations every tier needs, in one place.
 - **recency**: `export()` is a JSON-ready list of hex keys, oldest first;
   `restore()` takes it back after the entries are re-added at start-up.
 
+Memory (a tier may hold millions of entries): an entry is one `(location, size)`
+tuple in one dict - no object of the index's own per entry, nothing the garbage
+collector keeps tracking (a tuple of atoms is untracked at its first collection), so
+a full collection never walks the entries; entries whose location is an `int` or
+None share their tuple with every equal one (a tier whose location is the size has
+none at all). Pin counts are kept only for pinned entries. The dict keeps the entries
+in order of use (an insert or a touch makes an entry the last): `iter_items` walks it.
+
 Thread-safe. One lock guards all state and is held only for O(1) work per key
 touched (so the scheduler thread may call `get`, `touch`, `pin`); `export` copies
 the order under the lock and encodes outside it; `view` (tests, tools) copies.
@@ -36,19 +44,21 @@ queued before it. `Pins.locations` is read at `pin` time.
 that several processes append to): `adopt` inserts entries another process
 committed without evicting for them; `hold`/`release` count bytes of stores in
 flight that are not this index's reservations (another process's intents, or the
-tier's own journaled ones), evicting for them when asked; `order`/`items` list the entries
-for a snapshot. kvtiers-fs keeps its namespace index this way.
+tier's own journaled ones), evicting for them when asked; `order`/`items` list the entries,
+`iter_items` in pieces without copying them (a snapshot of a million entries). kvtiers-fs
+keeps its namespace index this way.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from kvtiers.policies.base import EvictionPolicy
-from kvtiers.sdk.index_parts import EntryView, IndexView, Pins, Reservation, Verdict, _Entry
+from kvtiers.sdk.index_parts import EntryView, IndexView, Pins, Reservation, Verdict, _PinCount
 
 if TYPE_CHECKING:
     from kvtiers.tier import TierContext
@@ -66,6 +76,8 @@ DRAIN_AT = 256
 #: queued mode: touches beyond this many queued operations are dropped (recency is
 #: best effort; pins and releases are never dropped)
 MAX_QUEUED = 1 << 16
+#: distinct `(location, size)` tuples shared between entries at most (int/None locations)
+MAX_SHARED = 1 << 10
 
 
 class BoundedIndex(Generic[L]):
@@ -81,7 +93,9 @@ class BoundedIndex(Generic[L]):
         self._capacity = capacity_bytes
         self._on_removed = on_removed
         self._lock = threading.Lock()
-        self._entries: dict[bytes, _Entry[L]] = {}
+        self._entries: dict[bytes, tuple[L, int]] = {}  # key -> (location, size)
+        self._pins: dict[bytes, _PinCount] = {}  # pinned entries only
+        self._shared: dict[tuple[Any, int], tuple[Any, int]] = {}  # see `_entry`
         self._committed = 0
         self._reserved = 0
         self._evictable = 0
@@ -124,7 +138,7 @@ class BoundedIndex(Generic[L]):
     def get(self, key: bytes) -> L | None:
         """The location of committed `key`, or None."""
         entry = self._entries.get(key)
-        return None if entry is None else entry.location
+        return None if entry is None else entry[0]
 
     # Scheduler-thread operations: O(1) per key.
 
@@ -141,13 +155,13 @@ class BoundedIndex(Generic[L]):
     def pin(self, keys: Sequence[bytes]) -> Pins[L]:
         """Pin the present `keys` (reference-counted) until the result is released.
         Queued mode: the pins apply when the queue does (always before an eviction)."""
-        held: list[tuple[bytes, _Entry[L]]] = []
+        held: list[tuple[bytes, _PinCount]] = []
         locations: list[L | None] = []
         if self._queued:
             entries = self._entries
             for key in keys:
                 entry = entries.get(key)
-                locations.append(None if entry is None else entry.location)
+                locations.append(None if entry is None else entry[0])
             pins = Pins(self, keys, held, locations)
             self._ops.append((_PIN, pins))
             self._drain_if_long()
@@ -158,9 +172,8 @@ class BoundedIndex(Generic[L]):
                 if entry is None:
                     locations.append(None)
                     continue
-                self._pin_locked(key, entry)
-                held.append((key, entry))
-                locations.append(entry.location)
+                held.append((key, self._pin_locked(key, entry[1])))
+                locations.append(entry[0])
         return Pins(self, keys, held, locations)
 
     # Store path (I/O threads).
@@ -172,7 +185,7 @@ class BoundedIndex(Generic[L]):
         cannot make room. O(1) per item and per eviction."""
         verdicts: list[Verdict] = []
         sizes: dict[bytes, int] = {}
-        held: list[tuple[bytes, _Entry[L]]] = []
+        held: list[tuple[bytes, _PinCount]] = []
         evicted: list[tuple[bytes, L]] = []
         with self._lock:
             self._drain_locked()
@@ -182,8 +195,8 @@ class BoundedIndex(Generic[L]):
                 entry = entries.get(key)
                 if entry is not None:
                     self._policy.touch(key)
-                    self._pin_locked(key, entry)
-                    held.append((key, entry))
+                    entries[key] = entries.pop(key)  # the newest in use order
+                    held.append((key, self._pin_locked(key, entry[1])))
             for key, size in items:
                 if key in entries:
                     verdicts.append(Verdict.PRESENT)
@@ -208,7 +221,7 @@ class BoundedIndex(Generic[L]):
                 raise KeyError(f"{key.hex()} is in the index already")
             fits = self._make_room_locked(size, evicted)
             if fits:
-                self._insert_locked(key, _Entry(location, size))
+                self._insert_locked(key, self._entry(location, size))
         self._removed([k for k, _ in evicted])
         return evicted if fits else [*evicted, (key, location)]
 
@@ -219,17 +232,17 @@ class BoundedIndex(Generic[L]):
         with self._lock:
             self._drain_locked()
             entry = self._entries.get(key)
-            if entry is None or (location is not ... and entry.location != location):
+            if entry is None or (location is not ... and entry[0] != location):
                 return None
             self._drop_locked(key, entry)
         self._removed([key])
-        return entry.location
+        return entry[0]
 
     def clear(self) -> list[tuple[bytes, L]]:
         """Forget every entry (reservations in flight keep their bytes)."""
         with self._lock:
             self._drain_locked()
-            gone = [(k, e.location) for k, e in self._entries.items()]
+            gone = [(k, e[0]) for k, e in self._entries.items()]
             for key, entry in list(self._entries.items()):
                 self._drop_locked(key, entry)
         self._removed([k for k, _ in gone])
@@ -247,10 +260,13 @@ class BoundedIndex(Generic[L]):
         n = added = 0
         with self._lock:
             self._drain_locked()
-            entries, insert = self._entries, self._policy.insert
+            entries, insert, entry = self._entries, self._policy.insert, self._entry
+            last: tuple[L, int] = entry(cast(L, None), 0)
             for key, location, size in items:  # `_insert_locked`, inlined: start-up speed
                 if key not in entries:
-                    entries[key] = _Entry(location, size)
+                    if location is not last[0] or size is not last[1]:
+                        last = entry(location, size)  # (the same objects: the same tuple)
+                    entries[key] = last
                     insert(key)
                     added += size
                     n += 1
@@ -288,7 +304,7 @@ class BoundedIndex(Generic[L]):
     def size_of(self, key: bytes) -> int | None:
         """The size of committed `key`, or None (lock-free)."""
         entry = self._entries.get(key)
-        return None if entry is None else entry.size
+        return None if entry is None else entry[1]
 
     def order(self) -> list[bytes]:
         """Committed keys in eviction order (victims first, pinned last): `export`
@@ -304,8 +320,30 @@ class BoundedIndex(Generic[L]):
         with self._lock:
             self._drain_locked()
             entries = self._entries
-            return [(k, e.location, e.size) for k in self._policy.export()
+            return [(k, e[0], e[1]) for k in self._policy.export()
                     if (e := entries.get(k)) is not None]
+
+    def iter_items(self, piece: int = 256) -> Generator[list[tuple[bytes, L, int]], None, None]:
+        """Committed entries `(key, location, size)` in order of use (oldest first:
+        the order an LRU policy evicts in), in lists of `piece`, without copying the
+        index: for a snapshot of a million entries, written piece by piece with the
+        GIL given away in between (the caller's pauses). Queued mode: holds the lock
+        from the first piece until exhausted or closed - the scheduler's pins,
+        releases and touches queue meanwhile, and the caller must call no method
+        that takes the lock before then (it would deadlock). Otherwise the entries
+        are copied under the lock first (O(entries): other callers would wait)."""
+        if not self._queued:
+            with self._lock:
+                self._drain_locked()
+                copied = [(k, e[0], e[1]) for k, e in self._entries.items()]
+            for at in range(0, len(copied), piece):
+                yield copied[at : at + piece]
+            return
+        with self._lock:
+            self._drain_locked()
+            it = iter(self._entries.items())  # unchanged while the lock is held
+            while chunk := list(islice(it, piece)):
+                yield [(k, e[0], e[1]) for k, e in chunk]
 
     def apply_queued(self) -> int:
         """Queued mode: apply the queued pins, releases and touches now (every call
@@ -340,7 +378,7 @@ class BoundedIndex(Generic[L]):
                 raise ValueError(f"recency entry is not hex: {item!r:.80}") from None
         with self._lock:
             self._drain_locked()
-            entries, policy = self._entries, self._policy
+            entries, policy, pins = self._entries, self._policy, self._pins
             named = [k for k in keys if k in entries]
             chosen = set(named)
             rest = [k for k in policy.export() if k not in chosen and k in entries]
@@ -348,15 +386,19 @@ class BoundedIndex(Generic[L]):
                 policy.remove(key)
             for key in (*rest, *named):
                 policy.insert(key)
-                if entries[key].pins:
+                if key in pins:
                     policy.pin(key)
+            order = dict.fromkeys((*rest, *named))  # the use order too (any others first)
+            self._entries = {**{k: e for k, e in entries.items() if k not in order},
+                             **{k: entries[k] for k in order}}
         return len(named)
 
     def view(self) -> IndexView[L]:
         """A copy of the whole state: O(entries) - tests and tools only."""
         with self._lock:
             self._drain_locked()
-            entries = {k: EntryView(e.location, e.size, e.pins)
+            pins = self._pins
+            entries = {k: EntryView(e[0], e[1], p.count if (p := pins.get(k)) else 0)
                        for k, e in self._entries.items()}
             order = list(self._policy.export())
             return IndexView(entries, order, self._capacity, self._committed,
@@ -364,11 +406,28 @@ class BoundedIndex(Generic[L]):
 
     # Internals: `_locked` methods hold the lock.
 
-    def _pin_locked(self, key: bytes, entry: _Entry[L]) -> None:
-        entry.pins += 1
-        if entry.pins == 1:
+    def _entry(self, location: L, size: int) -> tuple[L, int]:
+        """The `(location, size)` tuple of a new entry: one shared by all equal entries
+        when the location is an int or None (up to `MAX_SHARED` distinct ones)."""
+        entry = (location, size)
+        if location is None or type(location) is int:
+            shared = self._shared
+            got = shared.get(entry)
+            if got is not None:
+                return cast(tuple[L, int], got)
+            if len(shared) < MAX_SHARED:
+                shared[entry] = entry
+        return entry
+
+    def _pin_locked(self, key: bytes, size: int) -> _PinCount:
+        """Pin present `key` (of `size` bytes) once more: its count, for the release."""
+        count = self._pins.get(key)
+        if count is None:
+            count = self._pins[key] = _PinCount()
             self._policy.pin(key)
-            self._evictable -= entry.size
+            self._evictable -= size
+        count.count += 1
+        return count
 
     def _release(self, pins: Pins[L]) -> None:
         if self._queued:
@@ -382,7 +441,9 @@ class BoundedIndex(Generic[L]):
     def _touch_locked(self, keys: Iterable[bytes]) -> None:
         entries, policy = self._entries, self._policy
         for key in keys:
-            if key in entries:
+            entry = entries.pop(key, None)
+            if entry is not None:
+                entries[key] = entry  # the newest in use order
                 policy.touch(key)
 
     def _drain_locked(self) -> int:
@@ -398,8 +459,7 @@ class BoundedIndex(Generic[L]):
                 for key in arg.keys:
                     entry = entries.get(key)
                     if entry is not None:
-                        self._pin_locked(key, entry)
-                        held.append((key, entry))
+                        held.append((key, self._pin_locked(key, entry[1])))
             else:
                 self._unpin_locked(arg._held)
                 arg._held = []
@@ -412,26 +472,28 @@ class BoundedIndex(Generic[L]):
             finally:
                 self._lock.release()
 
-    def _unpin_locked(self, held: Iterable[tuple[bytes, _Entry[L]]]) -> None:
-        entries = self._entries
-        for key, entry in held:
-            entry.pins -= 1
-            # An entry removed while pinned left the policy and the counts already.
-            if entry.pins == 0 and entries.get(key) is entry:
+    def _unpin_locked(self, held: Iterable[tuple[bytes, _PinCount]]) -> None:
+        pins = self._pins
+        for key, count in held:
+            count.count -= 1
+            # An entry removed while pinned left the policy, the counts and `_pins`
+            # already (a count no longer in `_pins` is that entry's, not a newer one's).
+            if count.count == 0 and pins.get(key) is count:
+                del pins[key]
                 self._policy.unpin(key)
-                self._evictable += entry.size
+                self._evictable += self._entries[key][1]
 
-    def _insert_locked(self, key: bytes, entry: _Entry[L]) -> None:
+    def _insert_locked(self, key: bytes, entry: tuple[L, int]) -> None:
         self._entries[key] = entry
-        self._committed += entry.size
-        self._evictable += entry.size
+        self._committed += entry[1]
+        self._evictable += entry[1]
         self._policy.insert(key)
 
-    def _drop_locked(self, key: bytes, entry: _Entry[L]) -> None:
+    def _drop_locked(self, key: bytes, entry: tuple[L, int]) -> None:
         del self._entries[key]
-        self._committed -= entry.size
-        if not entry.pins:
-            self._evictable -= entry.size
+        self._committed -= entry[1]
+        if self._pins.pop(key, None) is None:
+            self._evictable -= entry[1]
         self._policy.remove(key)
 
     def _make_room_locked(self, size: int, evicted: list[tuple[bytes, L]]) -> bool:
@@ -441,7 +503,7 @@ class BoundedIndex(Generic[L]):
             return True
         if size > self._capacity or over > self._evictable:
             return False
-        entries, policy = self._entries, self._policy
+        entries, policy, pins = self._entries, self._policy, self._pins
         tries = len(entries) + 1  # a policy that ignores pins must not make us spin
         while over > 0 and tries > 0:
             tries -= 1
@@ -452,32 +514,32 @@ class BoundedIndex(Generic[L]):
             entry = entries.get(key)
             if entry is None:
                 continue  # not ours (a policy bug): it is gone from the policy now
-            if entry.pins:  # the policy ignored a pin: keep the entry, pinned
+            if key in pins:  # the policy ignored a pin: keep the entry, pinned
                 policy.insert(key)
                 policy.pin(key)
                 continue
+            location, size_ = entry
             del entries[key]
-            self._committed -= entry.size
-            self._evictable -= entry.size
+            self._committed -= size_
+            self._evictable -= size_
             self._evictions += 1
-            evicted.append((key, entry.location))
-            over -= entry.size
+            evicted.append((key, location))
+            over -= size_
         return over <= 0
 
     def _commit(self, key: bytes, location: L, size: int,
-                held: list[tuple[bytes, _Entry[L]]]) -> bool:
+                held: list[tuple[bytes, _PinCount]]) -> bool:
         with self._lock:
             self._drain_locked()
             self._reserved -= size
             if key in self._entries:
                 return False
-            entry = _Entry(location, size)
-            self._insert_locked(key, entry)
-            self._pin_locked(key, entry)  # the job's own: not evictable until it ends
-            held.append((key, entry))
+            self._insert_locked(key, self._entry(location, size))
+            # the job's own: not evictable until it ends
+            held.append((key, self._pin_locked(key, size)))
             return True
 
-    def _end_reservation(self, released: int, held: list[tuple[bytes, _Entry[L]]]) -> None:
+    def _end_reservation(self, released: int, held: list[tuple[bytes, _PinCount]]) -> None:
         with self._lock:
             self._drain_locked()
             self._reserved -= released

@@ -25,13 +25,14 @@ class Verdict(enum.Enum):
     FULL = "full"  # cannot fit without evicting pinned entries or the job's own
 
 
-class _Entry(Generic[L]):
-    __slots__ = ("location", "size", "pins")
+class _PinCount:
+    """The pin count of one pinned entry (`BoundedIndex._pins`); a release finds it
+    by identity, so that it never unpins a newer entry under the same key."""
 
-    def __init__(self, location: L, size: int):
-        self.location = location
-        self.size = size
-        self.pins = 0
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class Pins(Generic[L]):
     __slots__ = ("keys", "locations", "_index", "_held", "_released")
 
     def __init__(self, index: BoundedIndex[L], keys: Sequence[bytes],
-                 held: list[tuple[bytes, _Entry[L]]], locations: list[L | None]):
+                 held: list[tuple[bytes, _PinCount]], locations: list[L | None]):
         self.keys = keys
         self.locations = locations
         self._index = index
@@ -97,7 +98,7 @@ class Reservation(Generic[L]):
     __slots__ = ("keys", "verdicts", "evicted", "_index", "_sizes", "_held", "_open")
 
     def __init__(self, index: BoundedIndex[L], keys: list[bytes], verdicts: list[Verdict],
-                 sizes: dict[bytes, int], held: list[tuple[bytes, _Entry[L]]],
+                 sizes: dict[bytes, int], held: list[tuple[bytes, _PinCount]],
                  evicted: list[tuple[bytes, L]]):
         self.keys = keys
         self.verdicts = verdicts
