@@ -11,6 +11,7 @@ between them, when due."""
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -38,11 +39,17 @@ def lines_run(fn: Callable[[], Any]) -> int:
             count += 1
         return trace
 
+    # No collection inside the call: a gc callback another module registered would
+    # run (and be counted) wherever the collector happens to fire.
+    enabled = gc.isenabled()
+    gc.disable()
     sys.settrace(trace)
     try:
         fn()
     finally:
         sys.settrace(None)
+        if enabled:
+            gc.enable()
     return count
 
 

@@ -20,40 +20,32 @@ from array import array
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, cast
 
-from kvtiers.policies.base import EvictionPolicy
 from kvtiers.policies.ghosts import GhostLists
+from kvtiers.policies.slot_index import SlotIndexPolicy
 
 # Where an entry is (one byte per slot).
 _T1, _T2, _P1, _P2 = 1, 2, 3, 4
 
 
-class SlotARCPolicy(EvictionPolicy):
+class SlotARCPolicy(SlotIndexPolicy):
     """ARC over values that are slot numbers in `0..capacity-1` (each used by at
     most one entry at a time). `capacity` is also ARC's `c`."""
 
     name: ClassVar[str] = "arc"
+    restores_as: ClassVar[str] = "an ARCPolicy"
 
     def __init__(self, capacity: int | None = None):
-        if capacity is None or capacity < 0:
-            raise ValueError("SlotARCPolicy needs the number of slots as its capacity")
         super().__init__(capacity)
+        assert capacity is not None
         # Sentinels: next[h] is a list's oldest entry, prev[h] its newest.
         self._h1, self._h2 = capacity, capacity + 1
         self._next = array("i", range(capacity + 2))
         self._prev = array("i", range(capacity + 2))
-        self._keys: list[Hashable | None] = [None] * capacity
         self._where = bytearray(capacity)
-        self._index: dict[Hashable, int] = {}
-        self.get = self._index.get  # type: ignore[method-assign, assignment]
         self._ghosts = GhostLists()
         self._n1 = self._n2 = self._np1 = 0  # entries in T1, T2, P1
         self.p = 0.0  # target size of T1, in 0..c
         self._c = capacity
-        self._inserts = 0
-
-    def get(self, key: Hashable, default: Any = None) -> Any:
-        # Shadowed per instance by the index's own bound `get` (see __init__).
-        return self._index.get(key, default)
 
     # The lists.
 
@@ -89,8 +81,7 @@ class SlotARCPolicy(EvictionPolicy):
         if key in index:
             self.touch(key)
             return
-        if not isinstance(value, int) or not 0 <= value < self._h1:
-            raise ValueError(f"value must be a slot number in 0..{self._h1 - 1}, got {value!r}")
+        self._check_slot(value)
         ghosts = self._ghosts
         ghost = hash(key)
         where = ghosts.find(ghost)
@@ -114,19 +105,7 @@ class SlotARCPolicy(EvictionPolicy):
                 ghosts.pop_oldest(1)  # the paper's |T1| + |B1| <= c, kept on arrival
         index[key] = value
         self._keys[value] = key
-        self._inserts += 1
-        if self._inserts > 1024 and self._inserts > len(index) // 2:
-            self._compact()
-
-    def _compact(self) -> None:
-        """CPython dicts never shrink and churn leaves them 3x their live size:
-        rebuilt in place (the bound `get` stays valid), the index stays compact,
-        for ~2 entry copies per insertion."""
-        index = self._index
-        fresh = dict(index)
-        index.clear()
-        index.update(fresh)
-        self._inserts = 0
+        self._count_inserts()
 
     def touch(self, key: Hashable) -> None:
         slot = self._index.get(key)
@@ -235,12 +214,6 @@ class SlotARCPolicy(EvictionPolicy):
         elif where == _P1:
             self._np1 -= 1
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._index
-
-    def __len__(self) -> int:
-        return len(self._index)
-
     def is_pinned(self, key: Hashable) -> bool:
         slot = self._index.get(key)
         return slot is not None and self._where[slot] >= _P1
@@ -265,9 +238,3 @@ class SlotARCPolicy(EvictionPolicy):
         p1 = [k for k, s in self._index.items() if where[s] == _P1]
         p2 = [k for k, s in self._index.items() if where[s] == _P2]
         return [*t1[:first], *self._list(self._h2), *t1[first:], *p1, *p2]
-
-    def restore(self, state: Any) -> None:
-        raise NotImplementedError(
-            "SlotARCPolicy holds slot numbers, which do not survive a restart; "
-            "persistent tiers restore an ARCPolicy"
-        )

@@ -18,34 +18,25 @@ from array import array
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, cast
 
-from kvtiers.policies.base import EvictionPolicy
+from kvtiers.policies.slot_index import SlotIndexPolicy
 
 
-class SlotLRUPolicy(EvictionPolicy):
+class SlotLRUPolicy(SlotIndexPolicy):
     """LRU over values that are slot numbers in `0..capacity-1` (each used by at
     most one entry at a time)."""
 
     name: ClassVar[str] = "lru"
+    restores_as: ClassVar[str] = "an LRUPolicy"
 
     def __init__(self, capacity: int | None = None):
-        if capacity is None or capacity < 0:
-            raise ValueError("SlotLRUPolicy needs the number of slots as its capacity")
         super().__init__(capacity)
+        assert capacity is not None
         head = capacity  # sentinel: next[head] is the oldest, prev[head] the newest
         self._head = head
         self._next = array("i", [head]) * (capacity + 1)
         self._prev = array("i", [head]) * (capacity + 1)
-        self._keys: list[Hashable | None] = [None] * capacity
         self._pinned = bytearray(capacity)
-        self._index: dict[Hashable, int] = {}
-        # Bound once: the manager calls `get` for every block it looks up.
-        self.get = self._index.get  # type: ignore[method-assign, assignment]
-        self._inserts = 0
         self.pinned_count = 0
-
-    def get(self, key: Hashable, default: Any = None) -> Any:
-        # Shadowed per instance by the index's own bound `get` (see __init__).
-        return self._index.get(key, default)
 
     # The linked list. Kept inline in the callers below where it saves a call.
 
@@ -70,21 +61,11 @@ class SlotLRUPolicy(EvictionPolicy):
         if slot is not None:
             self.touch(key)
             return
-        if not isinstance(value, int) or not 0 <= value < self._head:
-            raise ValueError(f"value must be a slot number in 0..{self._head - 1}, got {value!r}")
+        self._check_slot(value)
         index[key] = value
         self._keys[value] = key
         self._link_newest(value)
-        self._inserts += 1
-        if self._inserts > 1024 and self._inserts > len(index) // 2:
-            self._compact()
-
-    def _compact(self) -> None:
-        index = self._index
-        fresh = dict(index)
-        index.clear()
-        index.update(fresh)
-        self._inserts = 0
+        self._count_inserts()
 
     def touch(self, key: Hashable) -> None:
         slot = self._index.get(key)
@@ -194,9 +175,7 @@ class SlotLRUPolicy(EvictionPolicy):
             pinned[slot] = 1  # never linked: a pinned entry is not in the list
             count += 1
         self.pinned_count += count
-        self._inserts += count
-        if self._inserts > 1024 and self._inserts > len(index) // 2:
-            self._compact()
+        self._count_inserts(count)
 
     def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]:
         head, prev, nxt, keys, index = self._head, self._prev, self._next, self._keys, self._index
@@ -224,12 +203,6 @@ class SlotLRUPolicy(EvictionPolicy):
         else:
             self._unlink(slot)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._index
-
-    def __len__(self) -> int:
-        return len(self._index)
-
     def is_pinned(self, key: Hashable) -> bool:
         slot = self._index.get(key)
         return slot is not None and bool(self._pinned[slot])
@@ -245,9 +218,3 @@ class SlotLRUPolicy(EvictionPolicy):
         pinned = self._pinned
         out.extend(k for k, s in self._index.items() if pinned[s])
         return out
-
-    def restore(self, state: Any) -> None:
-        raise NotImplementedError(
-            "SlotLRUPolicy holds slot numbers, which do not survive a restart; "
-            "persistent tiers restore an LRUPolicy"
-        )

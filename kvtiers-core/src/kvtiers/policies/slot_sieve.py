@@ -19,35 +19,27 @@ from array import array
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar
 
-from kvtiers.policies.base import EvictionPolicy
+from kvtiers.policies.slot_index import SlotIndexPolicy
 
 
-class SlotSievePolicy(EvictionPolicy):
+class SlotSievePolicy(SlotIndexPolicy):
     """SIEVE over values that are slot numbers in `0..capacity-1` (each used by at
     most one entry at a time)."""
 
     name: ClassVar[str] = "sieve"
+    restores_as: ClassVar[str] = "a SievePolicy"
 
     def __init__(self, capacity: int | None = None):
-        if capacity is None or capacity < 0:
-            raise ValueError("SlotSievePolicy needs the number of slots as its capacity")
         super().__init__(capacity)
+        assert capacity is not None
         head = capacity  # sentinel: next[head] is the oldest, prev[head] the newest
         self._head = head
         self._hand = head  # where `ahead` starts; the sentinel: `ahead` is empty
         self._next = array("i", [head]) * (capacity + 1)
         self._prev = array("i", [head]) * (capacity + 1)
-        self._keys: list[Hashable | None] = [None] * capacity
         self._visited = bytearray(capacity)
         self._pinned = bytearray(capacity)
-        self._index: dict[Hashable, int] = {}
-        self.get = self._index.get  # type: ignore[method-assign, assignment]
-        self._inserts = 0
         self.pinned_count = 0
-
-    def get(self, key: Hashable, default: Any = None) -> Any:
-        # Shadowed per instance by the index's own bound `get` (see __init__).
-        return self._index.get(key, default)
 
     def _link_newest(self, slot: int) -> None:
         """Append `slot` at the newest end: the end of `ahead`."""
@@ -75,25 +67,12 @@ class SlotSievePolicy(EvictionPolicy):
         if slot is not None:
             self._visited[slot] = 1
             return
-        if not isinstance(value, int) or not 0 <= value < self._head:
-            raise ValueError(f"value must be a slot number in 0..{self._head - 1}, got {value!r}")
+        self._check_slot(value)
         index[key] = value
         self._keys[value] = key
         self._visited[value] = 0
         self._link_newest(value)
-        self._inserts += 1
-        if self._inserts > 1024 and self._inserts > len(index) // 2:
-            self._compact()
-
-    def _compact(self) -> None:
-        """CPython dicts never shrink and churn leaves them 3x their live size:
-        rebuilt in place (the bound `get` stays valid), the index stays compact,
-        for ~2 entry copies per insertion."""
-        index = self._index
-        fresh = dict(index)
-        index.clear()
-        index.update(fresh)
-        self._inserts = 0
+        self._count_inserts()
 
     def touch(self, key: Hashable) -> None:
         slot = self._index.get(key)
@@ -163,12 +142,6 @@ class SlotSievePolicy(EvictionPolicy):
         else:
             self._unlink(slot)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._index
-
-    def __len__(self) -> int:
-        return len(self._index)
-
     def is_pinned(self, key: Hashable) -> bool:
         slot = self._index.get(key)
         return slot is not None and bool(self._pinned[slot])
@@ -196,9 +169,3 @@ class SlotSievePolicy(EvictionPolicy):
         ]
         pinned = self._pinned
         return [keys[s] for s in order] + [k for k, s in self._index.items() if pinned[s]]
-
-    def restore(self, state: Any) -> None:
-        raise NotImplementedError(
-            "SlotSievePolicy holds slot numbers, which do not survive a restart; "
-            "persistent tiers restore a SievePolicy"
-        )
