@@ -93,8 +93,11 @@ def _plant(ns: Path, gen: int) -> list[str]:
     (writers / "00000000000000fe").symlink_to("/etc/passwd")
     blocks = ns / "blocks"
     (blocks / "zzz").mkdir()
-    file(blocks / "abc")  # a shard name that is a file
-    (blocks / "ab1").symlink_to("/etc", target_is_directory=True)
+    # Shard names no stored key uses (random keys may have made any 3-hex-digit shard).
+    names = (f"{(0xABC + i) % 4096:03x}" for i in range(4096))
+    free = (n for n in names if not (blocks / n).exists())
+    file(blocks / next(free))  # a shard name that is a file
+    (blocks / next(free)).symlink_to("/etc", target_is_directory=True)
     shard = next(p for p in blocks.iterdir() if p.is_dir() and not p.is_symlink()
                  and p.name != "zzz")
     file(shard / ("AB" * 36 + ".kvb"), os.urandom(FILE))  # upper-case hex
