@@ -16,7 +16,6 @@ ghosts it drops (each ghost is added and dropped once: O(1) amortised).
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, cast
 
@@ -37,10 +36,8 @@ class SlotARCPolicy(SlotIndexPolicy):
     def __init__(self, capacity: int | None = None):
         super().__init__(capacity)
         assert capacity is not None
-        # Sentinels: next[h] is a list's oldest entry, prev[h] its newest.
-        self._h1, self._h2 = capacity, capacity + 1
-        self._next = array("i", range(capacity + 2))
-        self._prev = array("i", range(capacity + 2))
+        self._h1, self._h2 = capacity, capacity + 1  # the heads of T1 and T2
+        self._init_links(2)
         self._where = bytearray(capacity)
         self._ghosts = GhostLists()
         self._n1 = self._n2 = self._np1 = 0  # entries in T1, T2, P1
@@ -48,21 +45,6 @@ class SlotARCPolicy(SlotIndexPolicy):
         self._c = capacity
 
     # The lists.
-
-    def _append(self, head: int, slot: int) -> None:
-        prev, nxt = self._prev, self._next
-        last = prev[head]
-        nxt[last] = slot
-        prev[slot] = last
-        nxt[slot] = head
-        prev[head] = slot
-
-    def _unlink(self, slot: int) -> None:
-        prev, nxt = self._prev, self._next
-        p = prev[slot]
-        n = nxt[slot]
-        nxt[p] = n
-        prev[n] = p
 
     def _pop_oldest(self, head: int) -> int:
         prev, nxt = self._prev, self._next

@@ -12,6 +12,7 @@ so these policies refuse `restore`: persistent tiers restore the dict-based poli
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
@@ -36,6 +37,31 @@ class SlotIndexPolicy(EvictionPolicy):
         # Bound once: the manager calls `get` for every block it looks up.
         self.get = self._index.get  # type: ignore[method-assign, assignment]
         self._inserts = 0
+
+    def _init_links(self, sentinels: int) -> None:
+        """Doubly linked lists threaded through two int32 arrays indexed by slot,
+        with `sentinels` list heads after the slots (`capacity`, `capacity + 1`,
+        ...): `next[h]` is a list's oldest entry, `prev[h]` its newest."""
+        size = self._slots + sentinels
+        self._next = array("i", range(size))
+        self._prev = array("i", range(size))
+
+    # The list operations; the hot paths of the subclasses inline them.
+
+    def _append(self, head: int, slot: int) -> None:
+        prev, nxt = self._prev, self._next
+        last = prev[head]
+        nxt[last] = slot
+        prev[slot] = last
+        nxt[slot] = head
+        prev[head] = slot
+
+    def _unlink(self, slot: int) -> None:
+        prev, nxt = self._prev, self._next
+        p = prev[slot]
+        n = nxt[slot]
+        nxt[p] = n
+        prev[n] = p
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         # Shadowed per instance by the index's own bound `get` (see __init__).

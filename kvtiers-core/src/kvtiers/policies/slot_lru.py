@@ -14,7 +14,6 @@ at its compact size, for an amortised cost of about two entry copies per inserti
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, cast
 
@@ -33,27 +32,9 @@ class SlotLRUPolicy(SlotIndexPolicy):
         assert capacity is not None
         head = capacity  # sentinel: next[head] is the oldest, prev[head] the newest
         self._head = head
-        self._next = array("i", [head]) * (capacity + 1)
-        self._prev = array("i", [head]) * (capacity + 1)
+        self._init_links(1)
         self._pinned = bytearray(capacity)
         self.pinned_count = 0
-
-    # The linked list. Kept inline in the callers below where it saves a call.
-
-    def _link_newest(self, slot: int) -> None:
-        head, prev, nxt = self._head, self._prev, self._next
-        last = prev[head]
-        nxt[last] = slot
-        prev[slot] = last
-        nxt[slot] = head
-        prev[head] = slot
-
-    def _unlink(self, slot: int) -> None:
-        prev, nxt = self._prev, self._next
-        p = prev[slot]
-        n = nxt[slot]
-        nxt[p] = n
-        prev[n] = p
 
     def insert(self, key: Hashable, value: Any = None) -> None:
         index = self._index
@@ -64,7 +45,7 @@ class SlotLRUPolicy(SlotIndexPolicy):
         self._check_slot(value)
         index[key] = value
         self._keys[value] = key
-        self._link_newest(value)
+        self._append(self._head, value)
         self._count_inserts()
 
     def touch(self, key: Hashable) -> None:

@@ -15,7 +15,6 @@ eviction is O(1) amortised per victim whatever share is pinned.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar
 
@@ -35,31 +34,22 @@ class SlotSievePolicy(SlotIndexPolicy):
         head = capacity  # sentinel: next[head] is the oldest, prev[head] the newest
         self._head = head
         self._hand = head  # where `ahead` starts; the sentinel: `ahead` is empty
-        self._next = array("i", [head]) * (capacity + 1)
-        self._prev = array("i", [head]) * (capacity + 1)
+        self._init_links(1)
         self._visited = bytearray(capacity)
         self._pinned = bytearray(capacity)
         self.pinned_count = 0
 
     def _link_newest(self, slot: int) -> None:
         """Append `slot` at the newest end: the end of `ahead`."""
-        head, prev, nxt = self._head, self._prev, self._next
-        last = prev[head]
-        nxt[last] = slot
-        prev[slot] = last
-        nxt[slot] = head
-        prev[head] = slot
+        head = self._head
+        self._append(head, slot)
         if self._hand == head:  # `ahead` was empty: it starts here now
             self._hand = slot
 
     def _unlink(self, slot: int) -> None:
-        prev, nxt = self._prev, self._next
-        p = prev[slot]
-        n = nxt[slot]
-        nxt[p] = n
-        prev[n] = p
-        if self._hand == slot:
-            self._hand = n
+        if self._hand == slot:  # the hand moves on to the next entry
+            self._hand = self._next[slot]
+        super()._unlink(slot)
 
     def insert(self, key: Hashable, value: Any = None) -> None:
         index = self._index
