@@ -1,5 +1,6 @@
-"""The CPU pool's slot-indexed SIEVE and ARC (`SievePolicy.for_slots`,
-`ARCPolicy.for_slots`) behave exactly like the dict-based policies: a differential
+"""The CPU pool's slot-indexed LRU, SIEVE and ARC (`LRUPolicy.for_slots`,
+`SievePolicy.for_slots`, `ARCPolicy.for_slots`) behave exactly like the dict-based
+policies: a differential
 state machine drives both with the same calls and compares victims, `examined`,
 exports and lookups after every step. Also: `GhostLists` against ordered dicts."""
 
@@ -16,8 +17,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kvtiers.policies.arc import ARCPolicy
 from kvtiers.policies.base import EvictionPolicy
 from kvtiers.policies.ghosts import GhostLists
+from kvtiers.policies.lru import LRUPolicy
 from kvtiers.policies.sieve import SievePolicy
 from kvtiers.policies.slot_arc import SlotARCPolicy
+from kvtiers.policies.slot_lru import SlotLRUPolicy
 from kvtiers.policies.slot_sieve import SlotSievePolicy
 
 SLOTS = 8
@@ -130,6 +133,10 @@ class SameAsReference(RuleBasedStateMachine):
                 assert self.fast._ghosts.find(h) == want
 
 
+class SameAsLRU(SameAsReference):
+    ref_cls = LRUPolicy
+
+
 class SameAsSieve(SameAsReference):
     ref_cls = SievePolicy
 
@@ -138,6 +145,8 @@ class SameAsARC(SameAsReference):
     ref_cls = ARCPolicy
 
 
+TestSameAsLRU = SameAsLRU.TestCase
+TestSameAsLRU.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestSameAsSieve = SameAsSieve.TestCase
 TestSameAsSieve.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
 TestSameAsARC = SameAsARC.TestCase
@@ -196,7 +205,7 @@ def test_long_random_run_matches_the_reference(cls: type[EvictionPolicy]) -> Non
     assert fast.export()[: len(ref) - k] == ref.export()[: len(ref) - k]
 
 
-@pytest.mark.parametrize("cls", [SlotSievePolicy, SlotARCPolicy])
+@pytest.mark.parametrize("cls", [SlotLRUPolicy, SlotSievePolicy, SlotARCPolicy])
 def test_eviction_never_walks_pinned_entries(cls: type[EvictionPolicy]) -> None:
     n = 20_000
     policy: Any = cls(n)
@@ -211,7 +220,21 @@ def test_eviction_never_walks_pinned_entries(cls: type[EvictionPolicy]) -> None:
     assert all(slot >= n * 9 // 10 for _, slot in victims)
 
 
-@pytest.mark.parametrize("cls", [SlotSievePolicy, SlotARCPolicy])
+@pytest.mark.parametrize("cls", [SlotLRUPolicy, SlotSievePolicy, SlotARCPolicy])
+def test_compaction_keeps_the_bound_get_working(cls: type[EvictionPolicy]) -> None:
+    policy: Any = cls(64)
+    get = policy.get
+    for i in range(10_000):  # far past the compaction threshold
+        if len(policy) == 64:
+            ((_, slot),) = policy.evict_items(1)
+        else:
+            slot = len(policy)
+        policy.insert(i.to_bytes(4, "big"), slot)
+    assert get((9_999).to_bytes(4, "big")) is not None
+    assert len(policy) == 64
+
+
+@pytest.mark.parametrize("cls", [SlotLRUPolicy, SlotSievePolicy, SlotARCPolicy])
 def test_values_must_be_slot_numbers(cls: type[EvictionPolicy]) -> None:
     policy = cls(4)
     with pytest.raises(ValueError, match="slot number"):
