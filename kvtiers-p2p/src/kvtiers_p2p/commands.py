@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from kvtiers.namespace import DTYPE_BYTES, BlockGeometry, Namespace
 
@@ -37,6 +38,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print a status line every S seconds (0: never)")
     parser.add_argument("--ready-file", type=Path,
                         help="once serving, write {\"endpoints\": [...]} here as JSON")
+    parser.add_argument("--metrics-port", type=int, metavar="N",
+                        help="serve Prometheus metrics on http://127.0.0.1:N/metrics while "
+                        "the node runs (0: a free port, printed on stderr; needs the "
+                        "`metrics` extra of kvtiers-core; docs/metrics.md)")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -55,6 +60,13 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(ConfigProblem("$", f"block geometry: {exc}")) from exc
     namespace = Namespace(model, (geometry,), args.revision)
+    if args.metrics_port is not None:
+        from kvtiers.metrics_prom import require_prometheus
+
+        if not 0 <= args.metrics_port < 65536:
+            raise ConfigError(ConfigProblem(
+                "--metrics-port", f"must be 0..65535, got {args.metrics_port}"))
+        require_prometheus("kvtiers serve --metrics-port")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -63,7 +75,10 @@ def run_serve(args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         node = CacheNode(config, namespace)
+        metrics = None
         try:
+            if args.metrics_port is not None:
+                metrics = _serve_metrics(node, config, args.metrics_port)
             out = sys.stdout
             print(f"kvtiers serve: {namespace} on {', '.join(node.endpoints)}; pool "
                   f"{node.pool.num_slots} blocks of {geometry.block_bytes} bytes", file=out,
@@ -81,11 +96,30 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"kvtiers serve: stopping ({node.status()})", file=out, flush=True)
         finally:
             node.close()
+            if metrics is not None:
+                metrics.close()
         print("kvtiers serve: stopped", flush=True)
         return 0
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def _serve_metrics(node: Any, config: Any, port: int) -> Any:
+    """The node's manager metered (`MeteredManager`: its calls timed unless the
+    config's `metrics.scheduler_call_timing` is off, its stats published from
+    `step`), served on `port`; the server, to close. The tiers' own event metrics
+    need the node to build them with a sink: not yet (stats-fed metrics only)."""
+    from kvtiers.metrics_instrument import MeteredManager
+    from kvtiers.metrics_prom import MetricsExporter
+    from kvtiers.metrics_recorder import MetricsRecorder
+
+    recorder = MetricsRecorder()
+    node.manager = MeteredManager(node.manager, recorder,
+                                  call_timing=config.metrics.scheduler_call_timing)
+    server = MetricsExporter(recorder).serve(port)
+    print(f"metrics: {server.url}", file=sys.stderr, flush=True)
+    return server
 
 
 def add_p2p_arguments(parser: argparse.ArgumentParser) -> None:
