@@ -139,3 +139,54 @@ def test_wrong_credentials_are_a_clear_error_that_never_shows_them(
                     fs_config(tmp_path / "b.json", str(tmp_path / "a"), CAP),
                     f"s3://{server.bucket}/{prefix}/none.zarr")
     assert done.returncode == 2 and "not a readable kvtiers snapshot" in done.stderr, done.stderr
+
+
+def test_a_cpu_pool_snapshot_through_s3(server: S3Server) -> None:
+    """`save_pool` / `load_pool` with explicit storage options: a fresh pool holds
+    every block byte for byte, and each is a hit."""
+    from kvtiers.config import load_config
+    from kvtiers.manager import TieringOffloadingManager
+    from kvtiers.manager.build import build_manager
+    from kvtiers.ops.pool_snapshot import load_pool, save_pool
+    from kvtiers.ops.snapshot_store import SnapshotReader, rows_per_chunk
+    from kvtiers.pool_view import PoolView
+    from kvtiers.testing import make_namespace
+
+    bb = 1 << 16
+    ns = make_namespace("model-a", bb)
+    options = server.storage_options()
+    url = f"s3://{server.bucket}/pool-{uuid.uuid4().hex[:8]}/pool.zarr"
+    keys = random_keys(300)
+    assert len(keys) > 2 * rows_per_chunk(bb)  # three chunks of rows
+    content = {k: os.urandom(bb) for k in keys}
+
+    def stack() -> tuple[TieringOffloadingManager, PoolView]:
+        pool = PoolView.anonymous(512, bb)
+        return build_manager(load_config({"cpu_bytes_to_use": pool.nbytes}), pool, ns), pool
+
+    mgr, pool = stack()
+    try:
+        for i in range(0, len(keys), 100):
+            part = keys[i : i + 100]
+            out = mgr.prepare_store(part)
+            assert out is not None
+            for k, slot in zip(part, out.slots, strict=True):
+                pool.block(slot)[:] = content[k]
+            mgr.complete_store(part)
+        assert save_pool(mgr, pool, ns, url, storage_options=options).blocks == 300
+    finally:
+        mgr.close()
+    fresh, fpool = stack()
+    try:
+        reader = SnapshotReader(url, storage_options=options)
+        assert reader.count == 300 and reader.attrs["source"] == "cpu"
+        result = load_pool(fresh, fpool, ns, reader)
+        assert result.blocks == 300 and result.bad == []
+        assert [fresh.lookup(k) for k in keys] == [LookupResult.HIT] * 300
+        slots = fresh.prepare_load(keys)
+        for k, slot in zip(keys, slots, strict=True):
+            assert bytes(fpool.block(slot)) == content[k]
+        fresh.complete_load(keys)
+    finally:
+        fresh.close()
+        server.clear(url.split("/", 3)[3].rsplit("/", 1)[0] + "/")
