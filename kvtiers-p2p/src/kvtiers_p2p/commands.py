@@ -42,6 +42,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve Prometheus metrics on http://127.0.0.1:N/metrics while "
                         "the node runs (0: a free port, printed on stderr; needs the "
                         "`metrics` extra of kvtiers-core; docs/metrics.md)")
+    parser.add_argument("--snapshot-load", metavar="URL",
+                        help="before serving, pre-warm the pool with this snapshot's hottest "
+                        "blocks (`kvtiers snapshot`'s zarr format, on a directory or an "
+                        "fsspec URL; each block verified; another model's refused)")
+    parser.add_argument("--snapshot-save", metavar="URL",
+                        help="when stopped (SIGTERM, Ctrl-C), save the pool here, most "
+                        "recently used first, before the node closes")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an fsspec storage option of the snapshots' URLs (repeatable; "
+                        "credentials better from the environment, AWS_ACCESS_KEY_ID, ...)")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -67,6 +77,13 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ConfigError(ConfigProblem(
                 "--metrics-port", f"must be 0..65535, got {args.metrics_port}"))
         require_prometheus("kvtiers serve --metrics-port")
+    storage_options = None
+    if args.snapshot_load is not None or args.snapshot_save is not None:
+        from kvtiers.cli.snapshot_cmd import parse_storage_options
+        from kvtiers.ops.snapshot_store import require_zarr
+
+        require_zarr()
+        storage_options = parse_storage_options(args.storage_option)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -80,6 +97,9 @@ def run_serve(args: argparse.Namespace) -> int:
             if args.metrics_port is not None:
                 metrics = _serve_metrics(node, config, args.metrics_port)
             out = sys.stdout
+            if args.snapshot_load is not None:
+                print(_snapshot_load(node, args.snapshot_load, storage_options), file=out,
+                      flush=True)
             print(f"kvtiers serve: {namespace} on {', '.join(node.endpoints)}; pool "
                   f"{node.pool.num_slots} blocks of {geometry.block_bytes} bytes", file=out,
                   flush=True)
@@ -94,6 +114,9 @@ def run_serve(args: argparse.Namespace) -> int:
                     last = time.monotonic()
                     print(f"kvtiers serve: {node.status()}", file=out, flush=True)
             print(f"kvtiers serve: stopping ({node.status()})", file=out, flush=True)
+            if args.snapshot_save is not None:
+                print(_snapshot_save(node, args.snapshot_save, storage_options), file=out,
+                      flush=True)
         finally:
             node.close()
             if metrics is not None:
@@ -120,6 +143,26 @@ def _serve_metrics(node: Any, config: Any, port: int) -> Any:
     server = MetricsExporter(recorder).serve(port)
     print(f"metrics: {server.url}", file=sys.stderr, flush=True)
     return server
+
+
+def _snapshot_load(node: Any, url: str, options: dict[str, Any] | None) -> str:
+    """Pre-warm the node's pool from `url` (`kvtiers.ops.pool_snapshot`)."""
+    from kvtiers.ops.pool_snapshot import load_pool
+    from kvtiers.ops.snapshot_store import SnapshotReader
+
+    result = load_pool(node.manager, node.pool.view, node.namespace,
+                       SnapshotReader(url, storage_options=options))
+    node.manager.step()
+    bad = f", {len(result.bad)} failed their checksum (skipped)" if result.bad else ""
+    return f"kvtiers serve: pre-warmed the pool with {result.blocks} blocks from {url}{bad}"
+
+
+def _snapshot_save(node: Any, url: str, options: dict[str, Any] | None) -> str:
+    from kvtiers.ops.pool_snapshot import save_pool
+
+    result = save_pool(node.manager, node.pool.view, node.namespace, url,
+                       storage_options=options)
+    return f"kvtiers serve: saved the pool's {result.blocks} blocks to {url}"
 
 
 def add_p2p_arguments(parser: argparse.ArgumentParser) -> None:

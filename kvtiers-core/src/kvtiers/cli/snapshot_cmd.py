@@ -18,8 +18,8 @@ credentials, the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 Options are never printed, and errors blank their values.
 
 The CPU pool lives in the engine's process, so this command cannot reach one:
-`--tier cpu` says so and where it is done instead (`kvtiers bench
---snapshot-save/--snapshot-load`, `kvtiers.ops.pool_snapshot` in an engine). Its
+`--tier cpu` says so and where it is done instead (`kvtiers bench` and `kvtiers
+serve --snapshot-save/--snapshot-load`, `kvtiers.ops.pool_snapshot` in an engine). Its
 snapshots have this format: `load` puts one into a persistent tier.
 """
 
@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
 _POOL_MESSAGE = (
     "kvtiers snapshot {action} --tier cpu: the CPU pool and which block each slot holds "
     "live in the engine's process, out of this command's reach; {action} a pool from "
-    "there: `kvtiers bench --snapshot-{action} URL` around a bench run, or "
+    "there: `kvtiers bench --snapshot-{action} URL` around a bench run, `kvtiers serve "
+    "--snapshot-{action} URL` for a cache node (kvtiers-p2p), or "
     "kvtiers.ops.pool_snapshot.{action}_pool(manager, pool, namespace, ...) in an "
     "engine. A pool's snapshot has this command's format: `kvtiers snapshot load "
     "CONFIG URL` stores one into a persistent tier")

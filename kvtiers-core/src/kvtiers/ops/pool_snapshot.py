@@ -5,7 +5,8 @@ tier's into a pool.
 
 The pool and the manager's picture of it live in the engine's process, so these
 run there: `kvtiers bench --snapshot-save / --snapshot-load` call them around a
-run, and an engine or a tool embedding the manager calls them directly.
+run, `kvtiers serve` (kvtiers-p2p) at a node's start and stop, and an engine or a
+tool embedding the manager calls them directly.
 
 Hottest is the pool policy's order of use (`TieringOffloadingManager.
 resident_blocks`: its eviction order reversed - the most recently used first for
