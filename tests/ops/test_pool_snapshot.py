@@ -237,3 +237,36 @@ def test_bench_saves_its_pool_and_a_fresh_bench_starts_warm(tmp_path: Path) -> N
     done = kvtiers("bench", "--config", str(config), *TINY, "--block-tokens", "32",
                    "--snapshot-load", url, timeout=300)
     assert done.returncode == 2 and "refusing to load" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_tier_without_an_order_gives_its_newest_first(tmp_path: Path) -> None:
+    """A tier whose inventory has no eviction order (`eviction_order` False, as a
+    third-party tier's default): newest by `stored_at` stands for hottest."""
+    import dataclasses
+
+    from kvtiers.inventory import TierInventory
+    from kvtiers.ops.snapshot import hottest_first
+
+    root = tmp_path / "a"
+    root.mkdir()
+    old, new = random_keys(5), random_keys(5)
+    tier = open_tier(context(model="model-a", slots=64), root, 200)
+    try:
+        assert store_keys(tier, old).success
+        time.sleep(0.05)  # file times tell them apart
+        assert store_keys(tier, new).success
+        tier.touch(old)  # the hottest by use, but not the newest
+        ordered, by = hottest_first(tier)
+        assert by == "recency" and set(ordered[:5]) == set(old)
+        real = tier.inventory
+
+        def unordered(*, ages: bool = False) -> TierInventory:
+            inv = real(ages=ages)
+            return dataclasses.replace(inv, namespaces=tuple(
+                dataclasses.replace(ns, eviction_order=False) for ns in inv.namespaces))
+
+        tier.inventory = unordered  # type: ignore[method-assign]
+        ordered, by = hottest_first(tier)
+        assert by == "stored_at" and set(ordered[:5]) == set(new)
+    finally:
+        tier.close()
