@@ -346,6 +346,13 @@ class TieringOffloadingManager(ParentManager):
         """The slot of a resident block (tests, peers); None if absent."""
         return self._get(key)
 
+    def resident_blocks(self) -> list[tuple[BlockKey, int]]:
+        """The pool's readable blocks `(key, slot)` in its policy's eviction order:
+        the next victim first, the hottest last (`kvtiers.ops.pool_snapshot`).
+        O(resident blocks): a tool's call, not a step's."""
+        with self._lock:
+            return self._slots.ready_by_use()
+
     def stats(self, *, tiers: bool = True) -> dict[str, Any]:
         """The pool's counters and each tier's (`tiers=False`: the pool's only, cheap
         enough for every scheduler step; "tiers" is then empty)."""
