@@ -86,9 +86,10 @@ Rules that hold everywhere:
 - Integers beyond 2**64 - 1 and numbers too large to represent (`1e400`) are
   refused wherever they appear.
 - Defaults are filled in from the schemas below; `kvtiers validate --show` lists
-  every option with its value (defaults marked), `kvtiers validate --json` prints
-  the resolved document, and `kvtiers plugins --options NAME` lists the options of
-  any installed tier, including third-party ones this page does not cover.
+  every option with its value (defaults marked), each tier's admission policy and
+  its options too, `kvtiers validate --json` prints the resolved document, and
+  `kvtiers plugins --options NAME` lists the options of any installed tier, policy
+  or admission policy, including third-party ones this page does not cover.
 """
 
 
