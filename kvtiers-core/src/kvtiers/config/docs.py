@@ -175,7 +175,8 @@ store of a block that is never reused costs the tier nothing (no PUT on an objec
 store); a block hit in the pool is copied at its next offer (write_back: its
 eviction), and under write_through, where no later offer comes while the block
 stays resident, the manager offers a refused block again at its next pool hit.
-Its memory is fixed (two Bloom filters of `window_blocks` keys: 4 MiB for a million), whatever the number of keys offered.
+Its memory is fixed (two Bloom filters of `window_blocks` keys: 4 MiB for a
+million), whatever the number of keys offered.
 `admission` is not allowed on nested tier sections (the `faulty` tier's `inner`):
 the manager cascades only to the entries of `secondary_tiers`.
 
