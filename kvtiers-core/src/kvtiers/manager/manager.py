@@ -110,6 +110,7 @@ class TieringOffloadingManager(ParentManager):
         self._state = self._slots.state
         self._scan_prefix = self._slots.scan_prefix
         self._copy_down = self._traffic.copy_down
+        self._judged = bool(self._traffic.judged)
         self._cascade = self._traffic.cascade if tiers else None
         self._closed = False
         self.counters = {
@@ -155,6 +156,8 @@ class TieringOffloadingManager(ParentManager):
         if slot is not None:
             if self._state[slot] == READY:
                 c["hits"] += 1
+                if self._judged:  # a use: admission policies count it
+                    self._traffic.used(key, slot)
                 return LookupResult.HIT
             c["pending"] += 1
             return LookupResult.HIT_PENDING

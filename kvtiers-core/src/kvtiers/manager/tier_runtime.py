@@ -53,6 +53,11 @@ class TierRuntime:
     # pinned (cascades) or quarantined (promotions). Counted against `queue_limit`.
     stuck_blocks: int = 0
     counters: TierCounters = field(default_factory=TierCounters)
+    # write_through, with an admission policy: blocks its policy refused when they
+    # were stored, still perhaps in the pool (the oldest forgotten past `num_slots`
+    # entries: at most one per slot can still be resident). A pool hit of one offers
+    # it again (`TierTraffic.used`).
+    refused: dict[BlockKey, None] = field(default_factory=dict)
 
 
 @dataclass

@@ -74,6 +74,8 @@ class TierTraffic:
             for i, t in enumerate(tiers)
         ]  # fmt: skip
         self.jobs: dict[int, TierJob] = {}
+        #: the tiers with an admission policy (that count uses of blocks)
+        self.judged = [rt for rt in self.tiers if rt.admission is not None]
         for rt in self.tiers:
             reporter = getattr(getattr(rt.tier, "ctx", None), "events", None)
             if isinstance(reporter, TierEvents):
@@ -111,7 +113,20 @@ class TierTraffic:
     def cascade(self, key: BlockKey, slot: int) -> None:
         """Queue copies of a just-stored block to every tier (write_through)."""
         for rt in self.tiers:
-            self._queue_cascade(rt, key, slot)
+            self._queue_cascade(rt, key, slot, remember=True)
+
+    def used(self, key: BlockKey, slot: int) -> None:
+        """A pool hit of `key`, readable at `slot`: a use of the block, which the
+        admission policies count as a touch (`AdmissionPolicy.used`). A block a
+        tier's policy refused when it was stored (write_through) is offered to that
+        tier again now, once: its reuse is proven while it is still in the pool, and
+        no later store would offer it. O(1) per tier that has a policy; only called
+        when `judged` is not empty."""
+        for rt in self.judged:
+            rt.admission.used(key)  # type: ignore[union-attr]  # judged: has one
+            if rt.refused and key in rt.refused:
+                del rt.refused[key]
+                self._queue_cascade(rt, key, slot, remember=True)
 
     def copy_down(self, key: BlockKey, slot: int) -> bool:
         """Queue copies of a dirty victim to every tier (write_back); False when no
@@ -122,16 +137,26 @@ class TierTraffic:
                 queued = True
         return queued
 
-    def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int) -> bool:
+    def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int,
+                       remember: bool = False) -> bool:
         """Queue a copy of the block to `rt` (taking a hold), or drop and count it
-        when the tier's queued plus running cascades reach its bound or it is down."""
+        when the tier's queued plus running cascades reach its bound or it is down.
+        `remember`: a block the admission policy refuses stays in the block pool
+        (write_through), so a pool hit may offer it again."""
         busy = len(rt.queue) + rt.inflight_cascade_blocks + rt.stuck_blocks
         if busy >= rt.queue_limit or not rt.breaker.allows():
             rt.counters.cascades_dropped += 1
             return False
         if rt.admission is not None and not rt.admission.admit(key):  # None: admit all
             rt.counters.cascades_not_admitted += 1
+            if remember:
+                refused = rt.refused
+                refused[key] = None
+                if len(refused) > self._slots.num_slots:  # bounded: the oldest goes
+                    del refused[next(iter(refused))]
             return False
+        if rt.refused:  # refused once, admitted now (stored again): no second offer
+            rt.refused.pop(key, None)
         rt.queue.append((key, slot))
         self._slots.hold(key, slot)
         return True
