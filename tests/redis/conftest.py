@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis.helpers import Tiers, tiers_of
 from tests.redis.server import RedisServer
-
-pytest.register_assert_rewrite("kvtiers.testing")
-
 
 @pytest.fixture(scope="session")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
@@ -21,7 +19,6 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSer
     yield server
     server.stop()
 
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RedisServer]:
     """A server of the test's own, durable (append-only, fsync always): it may be
@@ -30,3 +27,8 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
     srv.start()
     yield srv
     srv.stop()
+
+@pytest.fixture
+def tiers(server: RedisServer) -> Iterator[Tiers]:
+    """Tiers on the test's own server, closed at the end."""
+    yield from tiers_of(server)
