@@ -10,6 +10,7 @@ import pytest
 from tests.redis.helpers import Tiers, tiers_of
 from tests.redis.server import RedisServer
 
+
 @pytest.fixture(scope="session")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One server for the tests that need nothing of their own (each uses a prefix

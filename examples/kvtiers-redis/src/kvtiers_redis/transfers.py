@@ -232,6 +232,8 @@ class Transfers:
         if plan is None:  # never started: timeout or closed
             return
         with plan.room as room:
-            for i, expires in plan.written.items():
+            # In the job's order, whatever order the SETs ended in: a prefix's first
+            # blocks are the older ones.
+            for i, expires in sorted(plan.written.items()):
                 if job.succeeded(i):
                     room.commit(job.keys[i], expires)
