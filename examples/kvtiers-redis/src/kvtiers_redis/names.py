@@ -14,9 +14,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Names"]
+__all__ = ["Names", "escape", "split"]
 
 _GLOB = frozenset(b"*?[]\\")
+_HEX = frozenset(b"0123456789abcdef")
+
+
+def escape(text: bytes) -> bytes:
+    """`text` with the glob characters of `SCAN MATCH` escaped."""
+    escaped = bytearray()
+    for byte in text:
+        if byte in _GLOB:
+            escaped.append(ord("\\"))
+        escaped.append(byte)
+    return bytes(escaped)
+
+
+def split(prefix: str, name: bytes) -> tuple[str, bytes, bytes] | None:
+    """(fingerprint, kind b"b" or b"m", the rest) of a name under `prefix`, any
+    namespace's; None for a name that is not one of this layout's."""
+    head = prefix.encode() + b":"
+    if not name.startswith(head):
+        return None
+    parts = name[len(head):].split(b":", 2)
+    if len(parts) != 3 or len(parts[0]) != 32 or not set(parts[0]) <= _HEX:
+        return None
+    if parts[1] not in (b"b", b"m"):
+        return None
+    return parts[0].decode(), parts[1], parts[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +74,7 @@ class Names:
 
     def pattern(self) -> bytes:
         """`SCAN MATCH` pattern of our block names."""
-        escaped = bytearray()
-        for byte in self.blocks:
-            if byte in _GLOB:
-                escaped.append(ord("\\"))
-            escaped.append(byte)
-        return bytes(escaped) + b"*"
+        return escape(self.blocks) + b"*"
 
     @property
     def recency(self) -> bytes:

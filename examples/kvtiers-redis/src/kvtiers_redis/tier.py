@@ -30,16 +30,19 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from kvtiers.errors import ConfigError, ConfigProblem, UnknownNameError
+from kvtiers.inventory import TierInventory
 from kvtiers.jobs import JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.sdk import AsyncJobEngine, BoundedIndex
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.verification import BadBlock, Progress, VerifyReport
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, ResponseError
 
+from kvtiers_redis import ops
 from kvtiers_redis.errorlog import ErrorLog
 from kvtiers_redis.names import Names
 from kvtiers_redis.scan import order, read_recency, scan
@@ -80,6 +83,8 @@ class RedisTier(SecondaryTier):
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: asyncio.Task[None] | None = None  # the start-up scan, asked again
         self._closed = False
+        #: damaged values (bad header, key or length) the start-up scans deleted
+        self.deleted_at_start = 0
         self._io = Transfers(ctx, settings, self.index, self.names, self._stats, self._errors,
                              self._spawn)
         loads = settings.concurrency // 2
@@ -136,13 +141,14 @@ class RedisTier(SecondaryTier):
         for key, expires in order(found.blocks, recency):
             if key not in self.index:  # (a later scan: stored meanwhile)
                 doomed += [k for k, _ in self.index.add(key, expires, self.ctx.block_bytes)]
-        await io.client.set(self.names.namespace, json.dumps(_describe(self.ctx)))
+        await io.client.set(self.names.namespace, json.dumps(ops.describe(self.ctx)))
         self.ctx.logger.info(
             "kvtiers-redis %s: %s holds %d blocks (%d bytes) under %s, scanned in %.2f s; "
             "%d damaged values deleted, %d over capacity, %d values of other formats left "
             "alone", self.name, s.address, len(self.index), self.index.committed_bytes,
             self.names.blocks.decode(), time.perf_counter() - started, len(found.broken),
             len(doomed), found.other)
+        self.deleted_at_start += len(found.broken)
         if doomed:
             self._stats.evicted(len(doomed))
         if found.broken or doomed:
@@ -201,6 +207,44 @@ class RedisTier(SecondaryTier):
             self._errors.record("recency", exc)
         self._engine.close(timeout=self.settings.timeout_s)
 
+    # -- tools (`kvtiers inspect` / `verify`): any thread but the scheduler's ------------
+
+    @property
+    def location(self) -> str:
+        """Where this namespace lives, without credentials: address and key prefix."""
+        return f"{self.settings.address} {self.names.base.decode().rstrip(':')}"
+
+    def inventory(self, *, ages: bool = False) -> TierInventory:
+        """What the index holds (store times are not recorded: `stored_at` is None)."""
+        return ops.inventory(self._io, self.name, self.location)
+
+    @classmethod
+    def survey(cls, config: Mapping[str, Any], *, name: str = "",
+               ages: bool = False) -> TierInventory:
+        """Every namespace under the prefix, read-only (`ops.survey_store`)."""
+        return ops.survey_store(settings_from(config), name or "redis")
+
+    def verify_blocks(self, *, repair: bool = False,
+                      progress: Progress | None = None) -> list[VerifyReport]:
+        """Every block the index holds, re-read and re-checked, in pieces on the loop
+        (`ops.verify_piece`); with `repair`, the bad ones leave the index."""
+        items = self.index.items()
+        bad: list[BadBlock] = []
+        vanished = removed = 0
+        for at in range(0, len(items), ops.PIECE):
+            b, v, r = self._engine.run(ops.verify_piece(
+                self._io, items[at:at + ops.PIECE], repair=repair))
+            bad += b
+            vanished += v
+            removed += r
+            if progress is not None:
+                progress(min(at + ops.PIECE, len(items)), len(items))
+        notes = (f"{self.deleted_at_start} damaged value(s) (bad header, key or length) "
+                 "were deleted when the tier opened",) if self.deleted_at_start else ()
+        return [VerifyReport(self.name, self.ctx.namespace.fingerprint, self.location,
+                             checked=len(items), bad=tuple(bad), vanished=vanished,
+                             removed_bytes=removed, notes=notes)]
+
     # -- the loop ---------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -229,9 +273,3 @@ def _is_auth(exc: ResponseError) -> bool:
     text = str(exc)
     return text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")) or "AUTH" in text
 
-
-def _describe(ctx: TierContext) -> dict[str, Any]:
-    ns = ctx.namespace
-    return {"model": ns.model, "revision": ns.revision, "format_version": ns.format_version,
-            "fingerprint": ns.fingerprint, "block_bytes": ctx.block_bytes,
-            "groups": [{"block_bytes": g.block_bytes} for g in ns.groups]}
