@@ -18,26 +18,34 @@ from tests.redis.helpers import Tiers, context
 from tests.redis.server import RedisServer
 
 
-def test_blocks_expire_by_redis_expiry(server: RedisServer, tiers: Tiers) -> None:
+def test_each_block_carries_a_redis_expiry(server: RedisServer, tiers: Tiers) -> None:
     ctx = context()
-    tier = tiers.open(ctx, ttl_s=1.5)
+    tier = tiers.open(ctx, ttl_s=600)
     jobs = JobTracker(tier)
     keys = random_keys(3)
     data = fill_slots(ctx.pool, range(3))
     assert jobs.run_store(keys, range(3)).success
-    raw = server.client()
-    for key in keys:
-        assert 0 < raw.pttl(tier.names.block(key)) <= 1500
+    with server.client() as raw:
+        for key in keys:
+            assert 0 < raw.pttl(tier.names.block(key)) <= 600_000
+    assert [tier.lookup(k) for k in keys] == [LookupResult.HIT] * 3
     poison_slots(ctx.pool, range(8, 11))
-    assert jobs.run_load(keys, range(8, 11)).success  # well before the expiry
+    assert jobs.run_load(keys, range(8, 11)).success
     check_blocks(ctx.pool, zip(range(8, 11), data, strict=True))
 
+
+def test_expired_blocks_are_misses(server: RedisServer, tiers: Tiers) -> None:
+    ctx = context()
+    tier = tiers.open(ctx, ttl_s=0.5)
+    jobs = JobTracker(tier)
+    keys = random_keys(3)
+    fill_slots(ctx.pool, range(3))
+    assert jobs.run_store(keys, range(3)).success  # each SET acknowledged
     wait_until(lambda: not tiers.stored(tier), "Redis expiring the blocks", 30)
     assert [tier.lookup(k) for k in keys] == [LookupResult.MISS] * 3
     assert tier.stats().usage_bytes == 0
     result = jobs.run_load(keys, range(8, 11))
     assert result.failed == dict.fromkeys(keys, FailureReason.MISSING)
-    raw.close()
 
 
 def test_a_restart_keeps_the_time_left(server: RedisServer, tiers: Tiers) -> None:
