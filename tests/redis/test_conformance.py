@@ -56,3 +56,10 @@ class TestRedisTierConformance(TierConformance):
             value = raw.get(name)
             assert isinstance(value, bytes), "the key is not stored"
             raw.set(name, value[: len(value) - self.block_bytes // 2])
+
+
+class TestRedisTierOneBlockPerRequest(TestRedisTierConformance):
+    """Blocks larger than half the engine's batch: each key is a request of its own
+    (the `block` hooks rather than `batch`)."""
+
+    block_bytes = 1 << 20

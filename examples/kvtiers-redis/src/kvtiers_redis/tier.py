@@ -34,7 +34,7 @@ from kvtiers.inventory import TierInventory
 from kvtiers.jobs import JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
-from kvtiers.sdk import AsyncJobEngine, BoundedIndex
+from kvtiers.sdk import BATCH_BYTES, AsyncJobEngine, BoundedIndex
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
 from kvtiers.verification import BadBlock, Progress, VerifyReport
@@ -91,7 +91,7 @@ class RedisTier(SecondaryTier):
         self._engine = AsyncJobEngine(
             ctx, load=self._io.load, store=self._io.store, load_concurrency=loads,
             store_concurrency=settings.concurrency - loads, stats=self._stats,
-            on_close=self._on_close, name=f"kvtiers-{self.name}",
+            batch_bytes=BATCH_BYTES, on_close=self._on_close, name=f"kvtiers-{self.name}",
             on_crash=lambda exc: self._errors.record("task", exc))
         try:
             self._engine.run(self._start(), timeout=STARTUP_TIMEOUT_S)
