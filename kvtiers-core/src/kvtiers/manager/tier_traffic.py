@@ -24,6 +24,7 @@ from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.manager.breaker import CircuitBreaker
 from kvtiers.manager.event_log import EventLog
+from kvtiers.manager.slot_state import READY
 from kvtiers.manager.slot_table import SlotTable
 from kvtiers.manager.tier_runtime import TierJob, TierRuntime
 from kvtiers.tier import SecondaryTier
@@ -66,6 +67,8 @@ class TierTraffic:
         self._timeout = job_timeout_s
         self._max_job = max_job_blocks
         self._max_inflight = max_inflight_cascade_blocks
+        # Deferred copies cost no pin, only an entry: at most one per pool slot.
+        self._defer_limit = slots.num_slots
         self.tiers = [
             TierRuntime(
                 i, names[i], t, CircuitBreaker(clock, breaker_failures, breaker_cooldown_s),
@@ -109,37 +112,76 @@ class TierTraffic:
     # ------------------------------------------------------------------ cascades
 
     def cascade(self, key: BlockKey, slot: int) -> None:
-        """Queue copies of a just-stored block to every tier (write_through)."""
+        """Queue copies of a just-stored block to every tier (write_through). A tier
+        whose queue is full gets it later: deferred, holding no pin, queued in order
+        as the tier catches up if the block is still in its slot then."""
         for rt in self.tiers:
-            self._queue_cascade(rt, key, slot)
+            self._queue_cascade(rt, key, slot, defer=True)
 
     def copy_down(self, key: BlockKey, slot: int) -> bool:
         """Queue copies of a dirty victim to every tier (write_back); False when no
-        tier took it."""
+        tier took it (a victim leaves now: it cannot wait for room)."""
         queued = False
         for rt in self.tiers:
             if self._queue_cascade(rt, key, slot):
                 queued = True
         return queued
 
-    def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int) -> bool:
-        """Queue a copy of the block to `rt` (taking a hold), or drop and count it
-        when the tier's queued plus running cascades reach its bound or it is down."""
-        busy = len(rt.queue) + rt.inflight_cascade_blocks + rt.stuck_blocks
-        if busy >= rt.queue_limit or not rt.breaker.allows():
+    def _queue_cascade(
+        self, rt: TierRuntime, key: BlockKey, slot: int, defer: bool = False
+    ) -> bool:
+        """Queue a copy of the block to `rt` (taking a hold) when its queued plus
+        running cascades are below its bound; else defer it (`defer`, without a
+        hold, at most `_defer_limit` of them) or drop and count it. A tier that is
+        down gets nothing. True when queued or deferred."""
+        if not rt.breaker.allows():
+            rt.counters.cascades_dropped += 1
+            return False
+        full = len(rt.queue) + rt.inflight_cascade_blocks + rt.stuck_blocks >= rt.queue_limit
+        if full and not defer:
             rt.counters.cascades_dropped += 1
             return False
         if rt.admission is not None and not rt.admission.admit(key):  # None: admit all
             rt.counters.cascades_not_admitted += 1
             return False
+        if full or rt.deferred:  # behind the copies deferred before it: prefix order
+            if len(rt.deferred) >= self._defer_limit:
+                rt.counters.cascades_dropped += 1
+                return False
+            rt.deferred.append((key, slot))
+            rt.counters.cascades_deferred += 1
+            return True
         rt.queue.append((key, slot))
         self._slots.hold(key, slot)
         return True
+
+    def _queue_deferred(self, rt: TierRuntime) -> None:
+        """Move deferred copies into the queue while it has room (taking their
+        holds). A block that left its slot or is not readable there any more was
+        evicted before its turn: that copy is dropped (counted). A tier that went
+        down drops them all."""
+        deferred = rt.deferred
+        if not rt.breaker.allows():
+            rt.counters.cascades_dropped += len(deferred)
+            deferred.clear()
+            return
+        room = rt.queue_limit - len(rt.queue) - rt.inflight_cascade_blocks - rt.stuck_blocks
+        get, state, hold, queue = self._slots.get, self._slots.state, self._slots.hold, rt.queue
+        while deferred and room > 0:
+            key, slot = deferred.popleft()
+            if get(key) != slot or state[slot] != READY:
+                rt.counters.cascades_dropped += 1
+                continue
+            queue.append((key, slot))
+            hold(key, slot)
+            room -= 1
 
     def drop_queued(self) -> None:
         """Forget every cascade not yet submitted (their holds go)."""
         release = self._slots.release
         for rt in self.tiers:
+            rt.counters.cascades_dropped += len(rt.deferred)
+            rt.deferred.clear()
             while rt.queue:
                 key, slot = rt.queue.popleft()
                 rt.counters.cascades_dropped += 1
@@ -162,6 +204,8 @@ class TierTraffic:
         self._expire()
         for rt in self.tiers:
             self._submit_promotions(rt)
+            if rt.deferred:
+                self._queue_deferred(rt)
             self._submit_cascades(rt)
 
     def _finish(self, result: JobResult) -> None:
@@ -298,11 +342,13 @@ class TierTraffic:
 
     def idle(self) -> bool:
         """No job running, no cascade queued, no promotion waiting for the step."""
-        return not self.jobs and not any(rt.queue or rt.promotions for rt in self.tiers)
+        return not self.jobs and not any(
+            rt.queue or rt.promotions or rt.deferred for rt in self.tiers
+        )
 
     def progress(self) -> tuple[set[int], list[int]]:
         """What changes when work moves on (jobs running, cascades queued)."""
-        return set(self.jobs), [len(rt.queue) for rt in self.tiers]
+        return set(self.jobs), [len(rt.queue) + len(rt.deferred) for rt in self.tiers]
 
     def drain_tiers(self, timeout: float | None) -> None:
         """Wait for each tier's running jobs (blocks; call without the lock)."""
@@ -341,7 +387,7 @@ class TierTraffic:
         """Per tier, what the manager credits it with (for `stats()`)."""
         return [
             (rt, {**vars(rt.counters), "breaker": rt.breaker.state.value,
-                  "queued_cascades": len(rt.queue)})
+                  "queued_cascades": len(rt.queue), "deferred_cascades": len(rt.deferred)})
             for rt in self.tiers
         ]  # fmt: skip
 
