@@ -136,8 +136,8 @@ def trace_lookups(e: h.Engine) -> list[str]:
     adapter = e.manager
     inner = adapter._lookup
 
-    def lookup(key: bytes) -> Any:
-        result = inner(key)
+    def lookup(key: bytes, *tiers: Any) -> Any:
+        result = inner(key, *tiers)
         seen.append(result.name)
         return result
 

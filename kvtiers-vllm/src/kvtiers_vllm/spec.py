@@ -54,9 +54,10 @@ from vllm.v1.kv_offload.config import OffloadingConfig  # noqa: E402
 from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo  # noqa: E402
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion  # noqa: E402
 
-from kvtiers_vllm import identity  # noqa: E402
+from kvtiers_vllm import identity, store_threshold  # noqa: E402
 from kvtiers_vllm.manager_adapter import KvtiersManager  # noqa: E402
 from kvtiers_vllm.spec_metrics import metric_definitions  # noqa: E402
+from kvtiers_vllm.store_threshold import THRESHOLD_KEY, TRACKER_KEY  # noqa: E402
 
 log = logging.getLogger("kvtiers_vllm")
 
@@ -66,7 +67,10 @@ WORKER_KEY = "kvtiers_worker"
 WORKERS = ("vllm", "kvtiers")
 SHUTDOWN_DRAIN_KEY = "kvtiers_shutdown_drain_s"
 STATS_INTERVAL_KEY = "kvtiers_stats_interval_s"
-_OWN_KEYS = frozenset({WORKER_KEY, SHUTDOWN_DRAIN_KEY, STATS_INTERVAL_KEY})
+#: vLLM's own keys this spec reads as vLLM's specs do (vLLM's config layer, not
+#: kvtiers', interprets them): the CPU pool's store filter, the worker's layout.
+VLLM_KEYS = frozenset({THRESHOLD_KEY, TRACKER_KEY, "canonical_layout"})
+_OWN_KEYS = frozenset({WORKER_KEY, SHUTDOWN_DRAIN_KEY, STATS_INTERVAL_KEY}) | VLLM_KEYS
 #: The config-info labels of the spec: vLLM's CPU tier facts, then which tier.
 INFO_KEYS = (*CPUOffloadingInfo.config_info_keys(), "tier", "tier_type")
 
@@ -98,6 +102,14 @@ class KvtiersOffloadingSpec(OffloadingSpec):
             )
         self.shutdown_drain_s = float(extra.get(SHUTDOWN_DRAIN_KEY, 5.0))
         self.stats_interval_s = float(extra.get(STATS_INTERVAL_KEY, 1.0))
+        # vLLM's CPU spec's store filter (its tiering spec refuses it; this one
+        # keeps the CPU pool's behaviour of vLLM's CPUOffloadingSpec).
+        self.store_threshold = store_threshold.from_extra_config(extra, SPEC_NAME)
+        if self.config.canonical_layout and self.worker_kind == "kvtiers":
+            raise ValueError(
+                f"{SPEC_NAME}: canonical_layout needs vLLM's worker (kvtiers' worker "
+                f"writes vLLM's direct layout); remove {WORKER_KEY} or canonical_layout"
+            )
         # One row of vLLM's shared region per chunk: every worker's part in rank
         # order (one part when the layout is replicated), rounded up to a page.
         self.replicated_layout = bool(config.replicated_layout)
@@ -109,6 +121,7 @@ class KvtiersOffloadingSpec(OffloadingSpec):
         self.num_chunks = (
             self.cpu_bytes_to_use // self.kv_bytes_per_chunk if self.chunk_bytes > 0 else 0
         )
+        self.all_layers_portable: bool | None = None  # canonical_layout: set by the worker
         self._manager: KvtiersManager | None = None
         self._worker: OffloadingWorker | None = None
 
@@ -187,6 +200,7 @@ class KvtiersOffloadingSpec(OffloadingSpec):
             shutdown_drain_s=self.shutdown_drain_s,
             stats_interval_s=self.stats_interval_s,
             on_shutdown=_releaser(pool, region),
+            store_threshold=self.store_threshold,
         )
 
     def namespace(self) -> Namespace:
@@ -212,12 +226,9 @@ class KvtiersOffloadingSpec(OffloadingSpec):
 
     def create_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         """vLLM's CUDA worker, or kvtiers' swapper (`kvtiers_worker`), over
-        `worker_region()`."""
-        if self.config.canonical_layout:
-            raise ValueError(
-                f"{SPEC_NAME}: canonical_layout is not supported (kvtiers stores vLLM's "
-                "direct layout); remove canonical_layout from kv_connector_extra_config"
-            )
+        `worker_region()`. With `canonical_layout` vLLM's worker writes vLLM's
+        canonical per-layer layout, certified per layer first as vLLM's tiering
+        spec does (`canonical_refs`)."""
         if self.worker_kind == "kvtiers":
             from kvtiers_vllm.worker import KvtiersSwapWorker
 
@@ -234,13 +245,40 @@ class KvtiersOffloadingSpec(OffloadingSpec):
 
         region = self.worker_region()
         try:
+            if self.config.canonical_layout:
+                self.all_layers_portable = canonical_refs(kv_caches, self.config)
             return CPUOffloadingWorker(
                 kv_caches=kv_caches, blocks_per_chunk=self.blocks_per_chunk,
                 num_cpu_chunks=self.num_chunks, mmap_region=region,
+                canonical_layout=self.config.canonical_layout,
             )  # fmt: skip
         except BaseException:
             region.cleanup()
             raise
+
+
+def canonical_refs(kv_caches: CanonicalKVCaches, config: OffloadingConfig) -> bool:
+    """vLLM's check before a canonical layout (`TieringOffloadingSpec`): every layer
+    has a canonical mapping, and a storage namespace shared across topologies only
+    takes parallelism-agnostic layers; whether every layer is portable. Raises
+    `RuntimeError` (vLLM's words) otherwise."""
+    refs = [ref for group in kv_caches.group_data_refs for ref in group]
+    if any(ref.mapping is None for ref in refs):
+        raise RuntimeError(
+            f"{SPEC_NAME}: canonical_layout was requested but the KV cache layout could "
+            "not be certified for canonical offload (offload workers must be exactly the "
+            "TP group, and packed / cross-layer KV layouts are not supported). Remove "
+            "canonical_layout from kv_connector_extra_config."
+        )
+    portable = all(ref.mapping is not None and ref.mapping.parallelism_agnostic for ref in refs)
+    if config.parallel.is_parallelism_agnostic and not portable:
+        raise RuntimeError(
+            f"{SPEC_NAME}: canonical_layout could not certify every layer as "
+            "parallelism-agnostic, but the storage namespace is shared across "
+            "topologies. Remove canonical_layout from kv_connector_extra_config."
+        )
+    log.info("%s: canonical KV layout (all layers portable: %s)", SPEC_NAME, portable)
+    return portable
 
 
 def _releaser(pool: PoolView | None, region: SharedOffloadRegion | None) -> Any:

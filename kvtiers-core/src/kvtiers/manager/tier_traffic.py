@@ -15,7 +15,7 @@ logged, counted against its breaker and treated as a miss or a failed job.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtiers.clock import Clock
@@ -77,6 +77,8 @@ class TierTraffic:
             for i, t in enumerate(tiers)
         ]  # fmt: skip
         self.jobs: dict[int, TierJob] = {}
+        # Promotions on their way (reserved, submitted, not landed): key -> tier name.
+        self._promoting: dict[BlockKey, str] = {}
         for rt in self.tiers:
             reporter = getattr(getattr(rt.tier, "ctx", None), "events", None)
             if isinstance(reporter, TierEvents):
@@ -84,13 +86,15 @@ class TierTraffic:
 
     # ------------------------------------------------------------------ lookups
 
-    def lookup(self, key: BlockKey) -> LookupResult:
-        """Ask the tiers in order for a block the pool lacks. A HIT reserves a slot
-        and queues its promotion for this step's job: HIT_PENDING. MISS also when
-        no slot can be had."""
+    def lookup(self, key: BlockKey, only: Container[int] | None = None) -> LookupResult:
+        """Ask the tiers in order (those whose index is in `only`, if given) for a
+        block the pool lacks. A HIT reserves a slot and queues its promotion for
+        this step's job: HIT_PENDING. MISS also when no slot can be had."""
         retry = False
         for rt in self.tiers:
             if rt.stuck_blocks >= rt.queue_limit or not rt.breaker.allows():
+                continue
+            if only is not None and rt.index not in only:
                 continue
             try:
                 answer = rt.tier.lookup(key)
@@ -104,10 +108,15 @@ class TierTraffic:
                 if slot is None:
                     return LookupResult.MISS
                 rt.promotions.append((key, slot))
+                self._promoting[key] = rt.name
                 return LookupResult.HIT_PENDING
             if answer is LookupResult.RETRY:
                 retry = True
         return LookupResult.RETRY if retry else LookupResult.MISS
+
+    def promotion_source(self, key: BlockKey) -> str | None:
+        """The name of the tier promoting `key` into the pool, while it is on its way."""
+        return self._promoting.get(key)
 
     # ------------------------------------------------------------------ cascades
 
@@ -234,7 +243,9 @@ class TierTraffic:
         ok = set(result.ok)
         slots = self._slots
         landed: list[BlockKey] = []
+        promoting = self._promoting
         for key, slot in zip(job.keys, job.slots, strict=True):
+            promoting.pop(key, None)
             if key in failed or key not in ok:  # a key the tier did not report ok
                 job.tier.counters.promotion_failures += 1
                 slots.drop_reserved(key, slot)
@@ -270,6 +281,7 @@ class TierTraffic:
             rt.breaker.failure()
             if job.kind == "promote":
                 for key, slot in zip(job.keys, job.slots, strict=True):
+                    self._promoting.pop(key, None)
                     self._slots.quarantine(key, slot)
             # A timed-out cascade keeps its holds: the tier may still be reading the
             # slots, so they must not be reused until it reports.
@@ -302,6 +314,7 @@ class TierTraffic:
                 rt.breaker.failure()
                 for key, slot in chunk:
                     rt.counters.promotion_failures += 1
+                    self._promoting.pop(key, None)
                     self._slots.drop_reserved(key, slot)
 
     def _submit_cascades(self, rt: TierRuntime) -> None:
