@@ -55,22 +55,18 @@ from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo  # noqa: E402
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion  # noqa: E402
 
 from kvtiers_vllm import identity, store_threshold  # noqa: E402
+from kvtiers_vllm.config_forms import (  # noqa: E402
+    SHUTDOWN_DRAIN_KEY,
+    STATS_INTERVAL_KEY,
+    WORKER_KEY,
+    WORKERS,
+)
 from kvtiers_vllm.manager_adapter import KvtiersManager  # noqa: E402
 from kvtiers_vllm.spec_metrics import metric_definitions  # noqa: E402
-from kvtiers_vllm.store_threshold import THRESHOLD_KEY, TRACKER_KEY  # noqa: E402
 
 log = logging.getLogger("kvtiers_vllm")
 
 SPEC_NAME = "KvtiersOffloadingSpec"
-#: Extra-config keys this spec reads itself (kvtiers' config layer never sees them).
-WORKER_KEY = "kvtiers_worker"
-WORKERS = ("vllm", "kvtiers")
-SHUTDOWN_DRAIN_KEY = "kvtiers_shutdown_drain_s"
-STATS_INTERVAL_KEY = "kvtiers_stats_interval_s"
-#: vLLM's own keys this spec reads as vLLM's specs do (vLLM's config layer, not
-#: kvtiers', interprets them): the CPU pool's store filter, the worker's layout.
-VLLM_KEYS = frozenset({THRESHOLD_KEY, TRACKER_KEY, "canonical_layout"})
-_OWN_KEYS = frozenset({WORKER_KEY, SHUTDOWN_DRAIN_KEY, STATS_INTERVAL_KEY}) | VLLM_KEYS
 #: The config-info labels of the spec: vLLM's CPU tier facts, then which tier.
 INFO_KEYS = (*CPUOffloadingInfo.config_info_keys(), "tier", "tier_type")
 
@@ -131,9 +127,10 @@ class KvtiersOffloadingSpec(OffloadingSpec):
         """The extra config read by kvtiers' config layer, with this machine's
         checks (a missing fs capacity is derived from the free space);
         `ValueError` naming every problem."""
-        doc = {k: v for k, v in self.extra_config.items() if k not in _OWN_KEYS}
+        doc = dict(self.extra_config)
         # vLLM built this class (or a subclass of it, found by whatever name): the
-        # spec is known, and the config layer checks only which spec it is.
+        # spec is known, and the config layer checks only which spec it is (its own
+        # keys, `config_forms.SPEC_OPTIONS`, it checks and leaves out).
         doc["spec_name"] = SPEC_NAME
         doc.pop("spec_module_path", None)
         try:
