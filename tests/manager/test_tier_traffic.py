@@ -183,3 +183,19 @@ def test_peer_jobs_and_tier_jobs_share_one_id_space():
     peers.complete(job.job_id)
     peers.complete(job.job_id)
     assert len(peers) == 0 and [rig.slots.holds[s] for s in job.slots] == [1, 1]
+
+
+def test_a_lookup_asks_only_the_tiers_allowed_and_names_the_promoting_tier():
+    rig = Rig()
+    data = os.urandom(BLOCK)
+    rig.tier.put(key(1), data)
+    asked = rig.tier.calls.get("lookup", 0)
+    assert rig.traffic.lookup(key(1), ()) is LookupResult.MISS  # no tier allowed
+    assert rig.tier.calls.get("lookup", 0) == asked and rig.slots.get(key(1)) is None
+    assert rig.traffic.lookup(key(1), {0}) is LookupResult.HIT_PENDING
+    assert rig.traffic.promotion_source(key(1)) == "s"
+    rig.traffic.step()  # submitted
+    assert rig.traffic.promotion_source(key(1)) == "s"
+    rig.traffic.step()  # landed: no longer on its way
+    assert rig.traffic.promotion_source(key(1)) is None
+    assert bytes(rig.pool.block(rig.slots.get(key(1)))) == data

@@ -130,3 +130,17 @@ def test_another_plugin_contributes_its_forms_through_the_hooks(tmp_path: Path) 
     (section,) = cfg.secondary_tiers
     assert section.type == "memory" and section.path.endswith("secondary_tiers[0].wrapped")
     assert any("secondary_tiers[0].colour: not an option" in w for w in cfg.warnings)
+
+
+def test_the_spec_says_so_when_its_forms_are_not_registered(
+    monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    """kvtiers-vllm's `kvtiers` entry point disabled or missing: the engine's start
+    fails saying what to fix, not with an unknown-spec config error."""
+    from kvtiers_vllm import spec
+    from tests.vllm import harness as h
+    from tests.vllm.test_spec import extra
+
+    monkeypatch.setattr(spec, "get_registry", lambda: load_registry(entry_points=[], environ={}))
+    with pytest.raises(ValueError, match="kvtiers' config reader does not know this spec"):
+        h.Engine(model_dir, extra(16)).close()

@@ -42,6 +42,7 @@ from kvtiers.config.model import KvtiersConfig  # noqa: E402
 from kvtiers.errors import ConfigError  # noqa: E402
 from kvtiers.manager.build import build_manager, num_slots_for, tier_names  # noqa: E402
 from kvtiers.namespace import Namespace  # noqa: E402
+from kvtiers.plugins import get_registry  # noqa: E402
 from kvtiers.pool_view import PoolView  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCaches,
@@ -133,8 +134,17 @@ class KvtiersOffloadingSpec(OffloadingSpec):
         # keys, `config_forms.SPEC_OPTIONS`, it checks and leaves out).
         doc["spec_name"] = SPEC_NAME
         doc.pop("spec_module_path", None)
+        registry = get_registry()
+        if SPEC_NAME not in registry.vllm_specs:
+            raise ValueError(
+                f"{SPEC_NAME}: kvtiers' config reader does not know this spec: "
+                "kvtiers-vllm's `kvtiers` entry point (kvtiers_vllm.config_forms) is not "
+                "loaded; reinstall kvtiers-vllm (`pip install kvtiers-vllm`, or "
+                "`make setup` in a checkout) and check KVTIERS_PLUGINS_DISABLE / "
+                "KVTIERS_PLUGINS_ALLOW"
+            )
         try:
-            cfg = load_config(doc)
+            cfg = load_config(doc, registry)
         except ConfigError as exc:
             raise ValueError(
                 f"{SPEC_NAME}: kv_connector_extra_config is not a valid kvtiers config "
