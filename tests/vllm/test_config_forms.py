@@ -138,6 +138,7 @@ def test_the_spec_says_so_when_its_forms_are_not_registered(
     """kvtiers-vllm's `kvtiers` entry point disabled or missing: the engine's start
     fails saying what to fix, not with an unknown-spec config error."""
     from kvtiers_vllm import spec
+
     from tests.vllm import harness as h
     from tests.vllm.test_spec import extra
 
