@@ -103,8 +103,9 @@ TIER_METRICS: tuple[MetricDef, ...] = (
               "Blocks the tier's admission policy refused to copy down.", _T,
               event="tier_admission_refused"),
     MetricDef("kvtiers_tier_dropped_cascades_total", "counter",
-              "Copies down to the tier dropped because its queue was full or it was down "
-              "(backpressure).", _T, stat="cascades_dropped"),
+              "Copies down to the tier never made: it was down, its block was evicted "
+              "while the copy waited for room, or (write_back) its queue was full.", _T,
+              stat="cascades_dropped"),
     MetricDef("kvtiers_tier_cascaded_blocks_total", "counter",
               "Blocks copied down to the tier successfully.", _T, stat="cascaded_blocks"),
     MetricDef("kvtiers_tier_timeouts_total", "counter",

@@ -21,8 +21,12 @@ from kvtiers.config.schema import (
     is_tier_schema,
     properties,
 )
-from kvtiers.config.vllm import CONNECTORS, EXTRA_KEY, KVTIERS_SPEC, TIERING_SPEC
+from kvtiers.config.vllm import CONNECTORS, EXTRA_KEY, TIERING_SPEC
 from kvtiers.plugins.registry import Registry, load_registry
+
+# Named in the page only: the reader learns the spec from kvtiers-vllm's plugin
+# (`kvtiers_register_vllm_specs`).
+KVTIERS_SPEC = "KvtiersOffloadingSpec"
 
 _EXAMPLE = {
     "cpu_bytes_to_use": 2147483648,

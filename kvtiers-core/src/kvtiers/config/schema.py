@@ -100,10 +100,11 @@ CORE_SCHEMA: Mapping[str, Any] = {
             "minimum": 1,
             "default": None,
             "description": (
-                "Per tier, the most blocks queued for cascade; when a tier falls "
-                "behind, further cascades to it are dropped and counted (backpressure). "
-                "`null`: sized from the pool by the manager, so that queued cascades "
-                "cannot pin the whole pool."
+                "Per tier, the most blocks queued or running for cascade (each pinned); "
+                "when a tier falls behind, further write-through copies wait unpinned "
+                "(deferred) and are queued as it catches up if their block is still in "
+                "the pool, else dropped and counted (backpressure). `null`: sized from "
+                "the pool by the manager, so that cascades cannot pin the whole pool."
             ),
         },
         "job_timeout_s": {

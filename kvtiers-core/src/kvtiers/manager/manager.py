@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtiers.clock import Clock, monotonic
@@ -143,13 +143,22 @@ class TieringOffloadingManager(ParentManager):
 
     # ------------------------------------------------------------------ lookups
 
-    def lookup(self, key: BlockKey) -> LookupResult:
+    def lookup(self, key: BlockKey, tiers: Container[int] | None = None) -> LookupResult:
         """Where `key` is: HIT (pool, readable now), HIT_PENDING, RETRY or MISS.
-        A hit in a secondary tier reserves a slot and starts a promotion."""
+        A hit in a secondary tier reserves a slot and starts a promotion. `tiers`:
+        the indices (config order) of the secondary tiers that may be asked (a
+        request's own choice of where it loads from); None: every tier. The pool
+        is always asked."""
         with self._lock:
-            return self._lookup(key)
+            return self._lookup(key, tiers)
 
-    def _lookup(self, key: BlockKey) -> LookupResult:
+    def promotion_source(self, key: BlockKey) -> str | None:
+        """The name of the tier whose promotion of `key` into the pool is on its way
+        (its lookups answer HIT_PENDING), else None."""
+        with self._lock:
+            return self._traffic.promotion_source(key)
+
+    def _lookup(self, key: BlockKey, tiers: Container[int] | None = None) -> LookupResult:
         c = self.counters
         c["lookups"] += 1
         slot = self._get(key)
@@ -161,7 +170,7 @@ class TieringOffloadingManager(ParentManager):
                 return LookupResult.HIT
             c["pending"] += 1
             return LookupResult.HIT_PENDING
-        result = self._traffic.lookup(key) if self._has_tiers else LookupResult.MISS
+        result = self._traffic.lookup(key, tiers) if self._has_tiers else LookupResult.MISS
         if result is LookupResult.MISS:
             c["misses"] += 1
         elif result is LookupResult.RETRY:
