@@ -19,11 +19,16 @@ import math
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, cast
 
-from kvtiers.policies.ghosts import GhostLists
+from kvtiers.policies.ghosts import ghost_lists
 from kvtiers.policies.slot_index import SlotIndexPolicy
+from kvtiers.policies.slot_links import LINK, UNLINK, table
 
 # Where an entry is (one byte per slot).
 _T1, _T2, _P1, _P2 = 1, 2, 3, 4
+# The batch calls as list moves (see `slot_links.move`): old mark -> (new, action).
+_PIN = table(5, {_T1: (_P1, UNLINK), _T2: (_P2, UNLINK)})
+_UNPIN = table(5, {_P1: (_T1, LINK), _P2: (_T2, LINK)})
+_TOUCH = table(5, {_T1: (_T2, UNLINK | LINK), _T2: (_T2, UNLINK | LINK), _P1: (_P2, 0)})
 
 
 class SlotARCPolicy(SlotIndexPolicy):
@@ -38,8 +43,9 @@ class SlotARCPolicy(SlotIndexPolicy):
         assert capacity is not None
         self._h1, self._h2 = capacity, capacity + 1  # the heads of T1 and T2
         self._init_links(2)
+        self._heads = (0, self._h1, self._h2, 0, 0)  # the list of each mark (T1, T2)
         self._where = bytearray(capacity)
-        self._ghosts = GhostLists()
+        self._ghosts = ghost_lists()
         self._n1 = self._n2 = self._np1 = 0  # entries in T1, T2, P1
         self.p = 0.0  # target size of T1, in 0..c
         self._c = capacity
@@ -113,11 +119,10 @@ class SlotARCPolicy(SlotIndexPolicy):
         where = self._where
         if bytes(map(where.__getitem__, slots)).count(_P2) == len(slots):
             return  # all pinned and already in T2's side (the common case: just loaded)
-        touch = self.touch
-        keys_of = self._keys
-        for slot in slots:
-            if where[slot] != _P2:
-                touch(keys_of[slot])
+        moved = self._move(where, self._prev, self._next, slots, _TOUCH, self._heads)
+        self._n1 -= moved[_T1]
+        self._n2 += moved[_T1]
+        self._np1 -= moved[_P1]
 
     def pin(self, key: Hashable) -> None:
         slot = self._index.get(key)
@@ -148,6 +153,54 @@ class SlotARCPolicy(SlotIndexPolicy):
             self._append(self._h2, slot)
             self._where[slot] = _T2
             self._n2 += 1
+
+    # Batch forms (the pool calls these per engine call): one list move per call
+    # (`slot_links.move`, C when built), counted per list after it.
+
+    def pin_many(self, keys: Iterable[Hashable]) -> None:
+        slots = list(map(self._index.get, keys))
+        moved = self._move(self._where, self._prev, self._next, slots, _PIN, self._heads)
+        self._n1 -= moved[_T1]
+        self._np1 += moved[_T1]
+        self._n2 -= moved[_T2]
+
+    def unpin_many(self, keys: Iterable[Hashable]) -> None:
+        slots = list(map(self._index.get, keys))
+        moved = self._move(self._where, self._prev, self._next, slots, _UNPIN, self._heads)
+        self._np1 -= moved[_P1]
+        self._n1 += moved[_P1]
+        self._n2 += moved[_P2]
+
+    def insert_pinned(self, keys: Iterable[Hashable], values: Iterable[Any]) -> None:
+        """`insert` then `pin` per pair: a new entry goes straight to P1 (or P2 when
+        a ghost remembered it), never linked."""
+        index, klist, where, ghosts = self._index, self._keys, self._where, self._ghosts
+        find, discard, limit = ghosts.find, ghosts.discard, self._slots
+        count = 0
+        for key, slot in zip(keys, values, strict=True):
+            if key in index or type(slot) is not int or not 0 <= slot < limit:
+                self.insert(key, slot)  # a use (or the error) as `insert` gives it
+                self.pin(key)
+                continue
+            ghost = hash(key)
+            found = find(ghost)
+            if found == 1:  # as `insert`: T2, then pinned out of it
+                self.p = min(self._c, self.p + max(1.0, ghosts.len2 / ghosts.len1))
+                discard(ghost)
+                where[slot] = _P2
+            elif found == 2:
+                self.p = max(0.0, self.p - max(1.0, ghosts.len1 / ghosts.len2))
+                discard(ghost)
+                where[slot] = _P2
+            else:
+                where[slot] = _P1
+                self._np1 += 1
+                if ghosts.len1 and self._n1 + self._np1 + ghosts.len1 > self._c:
+                    ghosts.pop_oldest(1)
+            index[key] = slot
+            klist[slot] = key
+            count += 1
+        self._count_inserts(count)
 
     def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]:
         keys, index, where, ghosts = self._keys, self._index, self._where, self._ghosts

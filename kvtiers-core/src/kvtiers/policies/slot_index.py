@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
+from kvtiers.policies import slot_links
 from kvtiers.policies.base import EvictionPolicy
 
 
@@ -37,6 +38,8 @@ class SlotIndexPolicy(EvictionPolicy):
         # Bound once: the manager calls `get` for every block it looks up.
         self.get = self._index.get  # type: ignore[method-assign, assignment]
         self._inserts = 0
+        # The batch list moves (pin_many, ...): C when built, else Python.
+        self._move = slot_links.move_function()
 
     def _init_links(self, sentinels: int) -> None:
         """Doubly linked lists threaded through two int32 arrays indexed by slot,

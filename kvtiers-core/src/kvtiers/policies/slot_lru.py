@@ -18,6 +18,12 @@ from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, cast
 
 from kvtiers.policies.slot_index import SlotIndexPolicy
+from kvtiers.policies.slot_links import LINK, UNLINK, table
+
+# The batch calls as list moves over the pinned byte (see `slot_links.move`).
+_PIN = table(2, {0: (1, UNLINK)})
+_UNPIN = table(2, {1: (0, LINK)})
+_TOUCH = table(2, {0: (0, UNLINK | LINK)})
 
 
 class SlotLRUPolicy(SlotIndexPolicy):
@@ -33,6 +39,7 @@ class SlotLRUPolicy(SlotIndexPolicy):
         head = capacity  # sentinel: next[head] is the oldest, prev[head] the newest
         self._head = head
         self._init_links(1)
+        self._heads = (head, head)
         self._pinned = bytearray(capacity)
         self.pinned_count = 0
 
@@ -88,60 +95,25 @@ class SlotLRUPolicy(SlotIndexPolicy):
         nxt[slot] = head
         prev[head] = slot
 
-    # Batch forms (the pool calls these per engine call): the single calls' code,
-    # inlined in one loop.
+    # Batch forms (the pool calls these per engine call): one list move per call
+    # (`slot_links.move`, C when built).
 
     def pin_many(self, keys: Iterable[Hashable]) -> None:
-        get, pinned, prev, nxt = self._index.get, self._pinned, self._prev, self._next
-        count = 0
-        for key in keys:
-            slot = get(key)
-            if slot is None or pinned[slot]:
-                continue
-            pinned[slot] = 1
-            count += 1
-            p = prev[slot]
-            n = nxt[slot]
-            nxt[p] = n
-            prev[n] = p
-        self.pinned_count += count
+        slots = list(map(self._index.get, keys))
+        moved = self._move(self._pinned, self._prev, self._next, slots, _PIN, self._heads)
+        self.pinned_count += moved[0]
 
     def unpin_many(self, keys: Iterable[Hashable]) -> None:
-        get, pinned, head = self._index.get, self._pinned, self._head
-        prev, nxt = self._prev, self._next
-        count = 0
-        for key in keys:
-            slot = get(key)
-            if slot is None or not pinned[slot]:
-                continue
-            pinned[slot] = 0
-            count += 1
-            last = prev[head]
-            nxt[last] = slot
-            prev[slot] = last
-            nxt[slot] = head
-            prev[head] = slot
-        self.pinned_count -= count
+        slots = list(map(self._index.get, keys))
+        moved = self._move(self._pinned, self._prev, self._next, slots, _UNPIN, self._heads)
+        self.pinned_count -= moved[1]
 
     def touch_many(self, keys: Iterable[Hashable]) -> None:
         found = list(map(self._index.get, keys))
         slots = cast("list[int]", [s for s in found if s is not None] if None in found else found)
-        pinned = self._pinned
-        if not bytes(map(pinned.__getitem__, slots)).count(0):
+        if not bytes(map(self._pinned.__getitem__, slots)).count(0):
             return  # all pinned (an engine touches what it just loaded): nothing moves
-        prev, nxt, head = self._prev, self._next, self._head
-        for slot in slots:
-            if pinned[slot]:
-                continue
-            p = prev[slot]
-            n = nxt[slot]
-            nxt[p] = n
-            prev[n] = p
-            last = prev[head]
-            nxt[last] = slot
-            prev[slot] = last
-            nxt[slot] = head
-            prev[head] = slot
+        self._move(self._pinned, self._prev, self._next, slots, _TOUCH, self._heads)
 
     def insert_pinned(self, keys: Iterable[Hashable], values: Iterable[Any]) -> None:
         index, klist, pinned, limit = self._index, self._keys, self._pinned, self._head

@@ -1,0 +1,477 @@
+/* kvtiers.policies._slotlinks: the slot policies' per-key list moves and ARC's
+ * ghost lists, in C. Optional: kvtiers.policies.slot_links (move) and
+ * kvtiers.policies.ghosts (GhostLists) are the same in Python, and the policies use
+ * these when they were built (setup.py).
+ *
+ * move(marks, prev, next, slots, table, heads) -> list
+ *     For each slot of `slots` in order (None entries are skipped): m = marks[slot];
+ *     t = table[m]; when t is 255 nothing happens; otherwise marks[slot] = t, and
+ *     by the action byte a = table[k + m] (k = len(table) // 2): a & 1 unlinks the
+ *     slot from its list, then a & 2 links it at the newest end of the list whose
+ *     sentinel is heads[t]. Returns how many slots moved per old mark (k counts).
+ *
+ * `marks` is a writable buffer of bytes indexed by slot; `prev` and `next` writable
+ * buffers of 4-byte ints (array('i')), the lists threaded through them (`next[h]`
+ * is a list's oldest entry, `prev[h]` its newest); `table` bytes of even length 2k,
+ * every mark below k; `heads` a sequence of k ints. Every slot must be an int below
+ * len(marks) (checked, IndexError); a mark at or above k raises ValueError (the
+ * slots before it have moved, as the Python loop leaves them). Single-threaded, like
+ * the policy that calls it; the GIL is held.
+ *
+ * Ghosts() -> a new, empty pair of ARC ghost lists: the C form of
+ *     kvtiers.policies.ghosts.GhostLists, with the same methods and attributes
+ *     (find, add, discard, pop_oldest, clear, len(), len1, len2) and the same answers;
+ *     its table and rings are allocated with PyMem_* (traced by tracemalloc). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <structmember.h>
+
+#define MAX_MARKS 16
+
+static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable,
+                      const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0)
+        return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s must hold %zd-byte items", name, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *slotlinks_move(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "move(marks, prev, next, slots, table, heads)");
+        return NULL;
+    }
+    PyObject *slots = args[3];
+    if (!PyList_Check(slots)) {
+        PyErr_SetString(PyExc_TypeError, "slots must be a list");
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_buffer vm, vp, vn, vt;
+    if (get_buffer(args[0], &vm, 1, 1, "marks") < 0)
+        return NULL;
+    if (get_buffer(args[1], &vp, 4, 1, "prev") < 0)
+        goto release_m;
+    if (get_buffer(args[2], &vn, 4, 1, "next") < 0)
+        goto release_p;
+    if (get_buffer(args[4], &vt, 1, 0, "table") < 0)
+        goto release_n;
+    Py_ssize_t k = vt.len / 2, links = vp.len / 4, nmarks = vm.len;
+    if (vt.len % 2 || k == 0 || k > MAX_MARKS) {
+        PyErr_Format(PyExc_ValueError, "table must hold 2..%d bytes, an even number", 2 * MAX_MARKS);
+        goto release_t;
+    }
+    if (vn.len != vp.len || links < nmarks) {
+        PyErr_SetString(PyExc_ValueError, "prev and next must be as long, and cover every slot");
+        goto release_t;
+    }
+    int32_t heads[MAX_MARKS];
+    PyObject *hs = PySequence_Fast(args[5], "heads must be a sequence");
+    if (hs == NULL)
+        goto release_t;
+    if (PySequence_Fast_GET_SIZE(hs) != k) {
+        PyErr_SetString(PyExc_ValueError, "heads must have one entry per mark");
+        Py_DECREF(hs);
+        goto release_t;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_ssize_t h = PyLong_AsSsize_t(PySequence_Fast_ITEMS(hs)[i]);
+        if (h == -1 && PyErr_Occurred()) {
+            Py_DECREF(hs);
+            goto release_t;
+        }
+        if (h < 0 || h >= links) {
+            PyErr_Format(PyExc_IndexError, "head %zd out of range 0..%zd", h, links - 1);
+            Py_DECREF(hs);
+            goto release_t;
+        }
+        heads[i] = (int32_t)h;
+    }
+    Py_DECREF(hs);
+    const uint8_t *table = (const uint8_t *)vt.buf, *action = table + k;
+    uint8_t *marks = (uint8_t *)vm.buf;
+    int32_t *prev = (int32_t *)vp.buf, *next = (int32_t *)vn.buf;
+    Py_ssize_t counts[MAX_MARKS] = {0};
+    Py_ssize_t len = PyList_GET_SIZE(slots);
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        PyObject *o = PyList_GET_ITEM(slots, i);
+        if (o == Py_None)
+            continue;
+        Py_ssize_t s = PyLong_AsSsize_t(o);
+        if (s == -1 && PyErr_Occurred()) {
+            failed = 1;
+            break;
+        }
+        if (s < 0 || s >= nmarks) {
+            PyErr_Format(PyExc_IndexError, "slot %zd out of range 0..%zd", s, nmarks - 1);
+            failed = 1;
+            break;
+        }
+        uint8_t m = marks[s];
+        if (m >= k) {
+            PyErr_Format(PyExc_ValueError, "slot %zd: mark %d not in the table", s, (int)m);
+            failed = 1;
+            break;
+        }
+        uint8_t t = table[m];
+        if (t == 255)
+            continue;
+        uint8_t a = action[m];
+        if ((a & 2) && t >= k) {
+            PyErr_Format(PyExc_ValueError, "mark %d has no head", (int)t);
+            failed = 1;
+            break;
+        }
+        marks[s] = t;
+        counts[m]++;
+        if (a & 1) {
+            int32_t p = prev[s], n = next[s];
+            next[p] = n;
+            prev[n] = p;
+        }
+        if (a & 2) {
+            int32_t h = heads[t], last = prev[h];
+            next[last] = (int32_t)s;
+            prev[s] = last;
+            next[s] = h;
+            prev[h] = (int32_t)s;
+        }
+    }
+    if (!failed) {
+        result = PyList_New(k);
+        if (result != NULL) {
+            for (Py_ssize_t i = 0; i < k; i++) {
+                PyObject *c = PyLong_FromSsize_t(counts[i]);
+                if (c == NULL) {
+                    Py_CLEAR(result);
+                    break;
+                }
+                PyList_SET_ITEM(result, i, c);
+            }
+        }
+    }
+release_t:
+    PyBuffer_Release(&vt);
+release_n:
+    PyBuffer_Release(&vn);
+release_p:
+    PyBuffer_Release(&vp);
+release_m:
+    PyBuffer_Release(&vm);
+    return result;
+}
+
+
+/* ------------------------------------------------------------------ Ghosts
+ * As GhostLists (ghosts.py): an open-addressing table (linear probing,
+ * backward-shift deletion, at most half full) of nonzero int64 hashes with a
+ * uint32 tag each (the list in bit 0, the ghost's sequence number in its ring mod
+ * 2^31 above it), and one FIFO ring of hashes per list. A discarded ghost leaves a
+ * stale ring entry, skipped when it reaches the front (its tag no longer matches). */
+
+#define SEQ_MASK 0x7FFFFFFFu
+
+typedef struct {
+    int64_t *buf;
+    Py_ssize_t cap, start, count; /* cap: a power of two */
+    uint64_t seq;                 /* sequence number of the entry at `start` */
+} Ring;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t *hashes;
+    uint32_t *tags;
+    Py_ssize_t mask, live, len1, len2;
+    Ring rings[2];
+} Ghosts;
+
+static int ghosts_alloc_table(Ghosts *g, Py_ssize_t size) {
+    int64_t *h = PyMem_Calloc((size_t)size, sizeof(int64_t));
+    uint32_t *t = PyMem_Calloc((size_t)size, sizeof(uint32_t));
+    if (h == NULL || t == NULL) {
+        PyMem_Free(h);
+        PyMem_Free(t);
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->hashes = h;
+    g->tags = t;
+    g->mask = size - 1;
+    return 0;
+}
+
+static void ghosts_free(Ghosts *g) {
+    PyMem_Free(g->hashes);
+    PyMem_Free(g->tags);
+    g->hashes = NULL;
+    g->tags = NULL;
+    for (int w = 0; w < 2; w++) {
+        PyMem_Free(g->rings[w].buf);
+        memset(&g->rings[w], 0, sizeof(Ring));
+    }
+}
+
+static int ghosts_reset(Ghosts *g) {
+    ghosts_free(g);
+    g->live = g->len1 = g->len2 = 0;
+    return ghosts_alloc_table(g, 8);
+}
+
+static Py_ssize_t ghosts_find_cell(Ghosts *g, int64_t h) {
+    Py_ssize_t i = (Py_ssize_t)((uint64_t)h & (uint64_t)g->mask);
+    for (;;) {
+        int64_t x = g->hashes[i];
+        if (x == h)
+            return i;
+        if (x == 0)
+            return -1;
+        i = (i + 1) & g->mask;
+    }
+}
+
+static void ghosts_put(int64_t *hashes, uint32_t *tags, Py_ssize_t mask, int64_t h, uint32_t tag) {
+    Py_ssize_t i = (Py_ssize_t)((uint64_t)h & (uint64_t)mask);
+    while (hashes[i])
+        i = (i + 1) & mask;
+    hashes[i] = h;
+    tags[i] = tag;
+}
+
+static int ghosts_grow(Ghosts *g) {
+    Py_ssize_t old_size = g->mask + 1, size = 2 * old_size;
+    int64_t *old_h = g->hashes;
+    uint32_t *old_t = g->tags;
+    if (ghosts_alloc_table(g, size) < 0) {
+        g->hashes = old_h;
+        g->tags = old_t;
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < old_size; i++)
+        if (old_h[i])
+            ghosts_put(g->hashes, g->tags, g->mask, old_h[i], old_t[i]);
+    PyMem_Free(old_h);
+    PyMem_Free(old_t);
+    return 0;
+}
+
+static void ghosts_delete_at(Ghosts *g, Py_ssize_t i) {
+    Py_ssize_t mask = g->mask, j = i;
+    int64_t *hashes = g->hashes;
+    for (;;) {
+        j = (j + 1) & mask;
+        int64_t x = hashes[j];
+        if (x == 0)
+            break;
+        Py_ssize_t k = (Py_ssize_t)((uint64_t)x & (uint64_t)mask);
+        int moves = i < j ? (k <= i || k > j) : (k <= i && k > j);
+        if (moves) {
+            hashes[i] = x;
+            g->tags[i] = g->tags[j];
+            i = j;
+        }
+    }
+    hashes[i] = 0;
+    g->live--;
+}
+
+static int ring_push(Ring *r, int64_t h) {
+    if (r->count == r->cap) {
+        Py_ssize_t cap = r->cap ? 2 * r->cap : 16;
+        int64_t *buf = PyMem_Malloc((size_t)cap * sizeof(int64_t));
+        if (buf == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < r->count; i++)
+            buf[i] = r->buf[(r->start + i) & (r->cap - 1)];
+        PyMem_Free(r->buf);
+        r->buf = buf;
+        r->cap = cap;
+        r->start = 0;
+    }
+    r->buf[(r->start + r->count) & (r->cap - 1)] = h;
+    r->count++;
+    return 0;
+}
+
+static int parse_hash(PyObject *o, int64_t *out) {
+    long long h = PyLong_AsLongLong(o);
+    if (h == -1 && PyErr_Occurred())
+        return -1;
+    *out = h ? (int64_t)h : 1;
+    return 0;
+}
+
+static int parse_which(PyObject *o, int *out) {
+    long w = PyLong_AsLong(o);
+    if (w == -1 && PyErr_Occurred())
+        return -1;
+    if (w != 1 && w != 2) {
+        PyErr_SetString(PyExc_ValueError, "which must be 1 or 2");
+        return -1;
+    }
+    *out = (int)w - 1;
+    return 0;
+}
+
+static PyObject *Ghosts_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "Ghosts() takes no arguments");
+        return NULL;
+    }
+    Ghosts *g = (Ghosts *)type->tp_alloc(type, 0);
+    if (g == NULL)
+        return NULL;
+    if (ghosts_reset(g) < 0) {
+        Py_DECREF(g);
+        return NULL;
+    }
+    return (PyObject *)g;
+}
+
+static void Ghosts_dealloc(Ghosts *g) {
+    ghosts_free(g);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static PyObject *Ghosts_find(Ghosts *g, PyObject *arg) {
+    int64_t h;
+    if (parse_hash(arg, &h) < 0)
+        return NULL;
+    Py_ssize_t i = ghosts_find_cell(g, h);
+    return PyLong_FromLong(i < 0 ? 0 : (long)(g->tags[i] & 1) + 1);
+}
+
+static PyObject *Ghosts_add(Ghosts *g, PyObject *const *args, Py_ssize_t nargs) {
+    int w;
+    int64_t h;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "add(which, hash)");
+        return NULL;
+    }
+    if (parse_which(args[0], &w) < 0 || parse_hash(args[1], &h) < 0)
+        return NULL;
+    if (ghosts_find_cell(g, h) >= 0)
+        Py_RETURN_NONE;
+    if (2 * (g->live + 1) > g->mask + 1 && ghosts_grow(g) < 0)
+        return NULL;
+    Ring *r = &g->rings[w];
+    uint64_t seq = r->seq + (uint64_t)r->count;
+    if (ring_push(r, h) < 0)
+        return NULL;
+    ghosts_put(g->hashes, g->tags, g->mask, h, (uint32_t)(((seq & SEQ_MASK) << 1) | (uint64_t)w));
+    g->live++;
+    if (w)
+        g->len2++;
+    else
+        g->len1++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Ghosts_discard(Ghosts *g, PyObject *arg) {
+    int64_t h;
+    if (parse_hash(arg, &h) < 0)
+        return NULL;
+    Py_ssize_t i = ghosts_find_cell(g, h);
+    if (i >= 0) {
+        if (g->tags[i] & 1)
+            g->len2--;
+        else
+            g->len1--;
+        ghosts_delete_at(g, i);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Ghosts_pop_oldest(Ghosts *g, PyObject *arg) {
+    int w;
+    if (parse_which(arg, &w) < 0)
+        return NULL;
+    Ring *r = &g->rings[w];
+    while (r->count) {
+        int64_t h = r->buf[r->start];
+        uint32_t tag = (uint32_t)(((r->seq & SEQ_MASK) << 1) | (uint64_t)w);
+        r->start = (r->start + 1) & (r->cap - 1);
+        r->count--;
+        r->seq++;
+        Py_ssize_t i = ghosts_find_cell(g, h);
+        if (i >= 0 && g->tags[i] == tag) {
+            ghosts_delete_at(g, i);
+            if (w)
+                g->len2--;
+            else
+                g->len1--;
+            break;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Ghosts_clear(Ghosts *g, PyObject *unused) {
+    if (ghosts_reset(g) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t Ghosts_len(Ghosts *g) { return g->live; }
+
+static PyMethodDef Ghosts_methods[] = {
+    {"find", (PyCFunction)Ghosts_find, METH_O, "1 or 2: the list that has the hash; 0: neither."},
+    {"add", (PyCFunction)(void (*)(void))Ghosts_add, METH_FASTCALL,
+     "Append the hash at the newest end of list `which` (one already remembered stays)."},
+    {"discard", (PyCFunction)Ghosts_discard, METH_O, "Forget the hash (a ghost hit)."},
+    {"pop_oldest", (PyCFunction)Ghosts_pop_oldest, METH_O, "Forget list `which`'s oldest ghost."},
+    {"clear", (PyCFunction)Ghosts_clear, METH_NOARGS, "Forget every ghost."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Ghosts_members[] = {
+    {"len1", T_PYSSIZET, offsetof(Ghosts, len1), READONLY, "live ghosts in list 1 (B1)"},
+    {"len2", T_PYSSIZET, offsetof(Ghosts, len2), READONLY, "live ghosts in list 2 (B2)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PySequenceMethods Ghosts_as_sequence = {.sq_length = (lenfunc)Ghosts_len};
+
+static PyTypeObject GhostsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvtiers.policies._slotlinks.Ghosts",
+    .tp_basicsize = sizeof(Ghosts),
+    .tp_dealloc = (destructor)Ghosts_dealloc,
+    .tp_as_sequence = &Ghosts_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ARC's two ghost lists (as kvtiers.policies.ghosts.GhostLists), in C.",
+    .tp_methods = Ghosts_methods,
+    .tp_members = Ghosts_members,
+    .tp_new = Ghosts_new,
+};
+
+static PyMethodDef methods[] = {
+    {"move", (PyCFunction)(void (*)(void))slotlinks_move, METH_FASTCALL,
+     "Move each slot by its mark's entry in the table; moves per old mark."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_slotlinks", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__slotlinks(void) {
+    if (PyType_Ready(&GhostsType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&GhostsType);
+    if (PyModule_AddObject(m, "Ghosts", (PyObject *)&GhostsType) < 0) {
+        Py_DECREF(&GhostsType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
