@@ -413,3 +413,88 @@ def test_move_errors(use_native: bool) -> None:
     with pytest.raises(ValueError, match="mark 2"):
         move(marks, prev, nxt, [0], tab, heads)
     assert move(marks, prev, nxt, [None, 1], slot_links.table(2, {}), heads) == [0, 0]
+
+
+@native
+def test_slot_index_matches_a_dict() -> None:
+    """The C index against a dict plus the slot -> key list the policies keep:
+    random inserts, removals (del and pop) and lookups over a small table (long
+    probe runs, wrap-around, backward shifts), keys of equal hash but not equal,
+    and keys equal but not identical."""
+    rng = random.Random(23)
+    n = 48
+    keys: list[Any] = [None] * n
+    index = slot_links._native.SlotIndex(keys)
+    ref: dict[Any, int] = {}
+    free = list(range(n))
+    pool: list[Any] = [rng.randbytes(6) for _ in range(120)] + [
+        Collide(i) for i in range(6)
+    ]
+    for _ in range(40_000):
+        key = rng.choice(pool)
+        if rng.random() < 0.3 and isinstance(key, bytes):
+            key = bytes(bytearray(key))  # equal, another object
+        op = rng.random()
+        if op < 0.45:
+            if key not in ref and free:
+                slot = free.pop(rng.randrange(len(free)))
+                ref[key] = slot
+                index[key] = slot
+        elif op < 0.6:
+            if key in ref:
+                del index[key]
+                free.append(ref.pop(key))
+            else:
+                with pytest.raises(KeyError):
+                    del index[key]
+        elif op < 0.75:
+            got = index.pop(key, None)
+            assert got == ref.pop(key, None)
+            if got is not None:
+                free.append(got)
+        else:
+            assert index.get(key) == ref.get(key)
+            assert index.get(key, -1) == ref.get(key, -1)
+            assert (key in index) == (key in ref)
+        assert len(index) == len(ref)
+    assert sorted(index.items(), key=lambda kv: kv[1]) == sorted(ref.items(), key=lambda kv: kv[1])
+    assert keys == [next((k for k, s in ref.items() if s == slot), None) for slot in range(n)]
+    for key, slot in ref.items():
+        assert index[key] == slot
+    with pytest.raises(KeyError):
+        index[b"absent"]
+    with pytest.raises(KeyError):
+        index.pop(b"absent")
+
+
+class Collide:
+    """A key whose hash collides with others' (all hash to 7)."""
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def __hash__(self) -> int:
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Collide) and other.i == self.i
+
+
+@native
+def test_slot_index_refuses_what_would_corrupt_it() -> None:
+    keys: list[Any] = [None] * 4
+    index = slot_links._native.SlotIndex(keys)
+    index[b"a"] = 1
+    with pytest.raises(ValueError, match="another key"):
+        index[b"b"] = 1  # slot 1 is a's
+    with pytest.raises(ValueError, match="out of range"):
+        index[b"b"] = 4
+    with pytest.raises(TypeError):
+        index[[1]] = 2  # unhashable
+    with pytest.raises(ValueError, match="all None"):
+        slot_links._native.SlotIndex([b"x"])
+    keys.append(None)
+    with pytest.raises(RuntimeError, match="length"):
+        index.get(b"a")
+    keys.pop()
+    assert index.get(b"a") == 1 and keys[1] == b"a" and len(index) == 1

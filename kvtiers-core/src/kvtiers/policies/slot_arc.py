@@ -219,9 +219,9 @@ class SlotARCPolicy(SlotIndexPolicy):
             else:
                 break
             key = keys[slot]
-            keys[slot] = None
+            del index[key]  # first: a C index finds the entry through keys
             where[slot] = 0
-            del index[key]
+            keys[slot] = None
             ghosts.add(which, hash(key))
             victims.append((key, slot))
         self.examined += len(victims)

@@ -136,8 +136,8 @@ class SlotLRUPolicy(SlotIndexPolicy):
         slot = nxt[head]
         while slot != head and len(victims) < n:
             key = keys[slot]
+            del index[key]  # first: a C index finds the entry through keys
             keys[slot] = None
-            del index[key]
             victims.append((key, slot))
             slot = nxt[slot]
         nxt[head] = slot

@@ -113,8 +113,8 @@ class SlotSievePolicy(SlotIndexPolicy):
             nxt[p] = hand
             prev[hand] = p
             key = keys[slot]
+            del index[key]  # first: a C index finds the entry through keys
             keys[slot] = None
-            del index[key]
             victims.append((key, slot))
         self._hand = hand
         self.examined += len(victims) + passed
