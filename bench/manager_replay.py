@@ -40,6 +40,7 @@ from typing import Any
 from kvtiers.bench.workload import Request, Workload, WorkloadSpec
 from kvtiers.manager import TieringOffloadingManager, slotops
 from kvtiers.plugins import get_registry
+from kvtiers.policies import slot_links
 from kvtiers.policies.base import EvictionPolicy
 
 
@@ -65,16 +66,20 @@ def replay(
     events: list[tuple[str, Request]], num_slots: int, policy: str, measure_memory: bool = False,
     native: bool = True,
 ) -> dict[str, Any]:
-    """One timed replay. `native`: the pool's per-block loops in C (when built),
-    else in Python (kvtiers.manager.slotops)."""
+    """One timed replay. `native`: the pool's per-block loops and the slot policies'
+    index, list moves and ghosts in C (when built), else in Python
+    (kvtiers.manager.slotops, kvtiers.policies.slot_links)."""
     cls = get_registry().get_policy(policy).record.load()
     assert issubclass(cls, EvictionPolicy), cls
     slotops.USE_NATIVE = native and slotops.NATIVE
+    slot_links.USE_NATIVE = native and slot_links.NATIVE
     if measure_memory:
         # Before the manager is built: its per-slot arrays count (they are the pool's).
         tracemalloc.start()
     mgr = TieringOffloadingManager(num_slots, cls.for_slots(num_slots))
-    path = "native" if slotops.USE_NATIVE else "python"
+    path = "native" if slotops.USE_NATIVE and slot_links.USE_NATIVE else (
+        "python" if not (slotops.USE_NATIVE or slot_links.USE_NATIVE) else "mixed"
+    )
     ops = 0
     hits_blocks = 0
     prompt_blocks = 0
@@ -277,10 +282,14 @@ def main() -> int:
         with open(trace, "wb") as f:
             pickle.dump([(k, r.req_id, r.prompt_keys, r.output_keys) for k, r in events], f)
     if args.memory_only:
-        mems = [replay(events, args.slots, p, measure_memory=True) for p in args.policy.split(",")]
+        mems = [
+            replay(events, args.slots, p, measure_memory=True, native=kp == "native")
+            for p in args.policy.split(",") for kp in args.paths.split(",")
+        ]
         for r in mems:
-            print(f"{r['policy']:6} hit {100 * r['hit_rate']:.3f}%  heap/resident block "
-                  f"{r['heap_bytes_per_resident_block']:.1f} B  ({r['resident_blocks']} resident)")
+            print(f"{r['policy']:6} {r['path']:6} hit {100 * r['hit_rate']:.4f}%  heap/resident "
+                  f"block {r['heap_bytes_per_resident_block']:.1f} B  "
+                  f"({r['resident_blocks']} resident)")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({
@@ -336,11 +345,12 @@ def main() -> int:
                     }, indent=2))
         results = []
         for policy in policies:
-            mem = None
-            if not args.no_memory:  # the same structures on either path: measured once
-                mem = replay(events, args.slots, policy, measure_memory=True)
             for kp in kpaths:
                 best = median_of(runs[f"{policy}/{kp}"])
+                mem = None
+                if not args.no_memory:  # the C index is smaller: each path measured
+                    mem = replay(events, args.slots, policy, measure_memory=True,
+                                 native=kp == "native")
                 if mem is not None:
                     for k in ("heap_bytes", "heap_bytes_per_resident_block", "heap_by_file"):
                         best[k] = mem[k]
@@ -386,7 +396,8 @@ def main() -> int:
         args.json.write_text(json.dumps({
             "machine": platform.node(), "python": platform.python_version(),
             "cpus": os.cpu_count(), "vllm": vl.version if vl is not None else None,
-            "native_built": slotops.NATIVE, "paths": kpaths,
+            "native_built": slotops.NATIVE, "policies_native_built": slot_links.NATIVE,
+            "paths": kpaths,
             "spec": vars(spec) | {"hash_seed": str(spec.hash_seed)}, "slots": args.slots,
             "results": results, "vllm_results": vresults, "pairs": pairs,
         }, indent=2))
