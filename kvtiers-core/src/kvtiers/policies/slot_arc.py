@@ -3,11 +3,13 @@ victims, same `p`, same ghosts) laid out like `SlotLRUPolicy`.
 
 T1 and T2 are two doubly linked lists threaded through the same int32 arrays
 indexed by slot (a sentinel each), oldest first; one byte per slot says where the
-entry is (T1, T2, or pinned out of either: P1, P2); a key -> slot dict (kept compact,
-see `slot_lru`) and a slot -> key list complete the resident side, ~70 bytes per
-entry. The ghosts B1 and B2 are `GhostLists` (flat arrays, ~20-40 bytes per ghost)
-instead of ordered dicts of ints (~130). Lookups are one dict `get` (bound at
-construction), where `ARCPolicy.get` is a Python method over four dicts.
+entry is (T1, T2, or pinned out of either: P1, P2); a key -> slot index (`slot_index`:
+the C table or a compact dict) and a slot -> key list complete the resident side,
+~27 bytes per entry with the C index, ~70 with the dict. The ghosts B1 and B2 are
+`ghost_lists()` (flat arrays, in C when built, ~20-40 bytes per ghost) instead of
+ordered dicts of ints (~130). Lookups are one bound `get` of the index, where
+`ARCPolicy.get` is a Python method over four dicts; the batch calls are one
+`slot_links.move` each.
 
 Pinned entries are unlinked, so eviction never meets them: O(1) per victim plus the
 ghosts it drops (each ghost is added and dropped once: O(1) amortised).
@@ -49,16 +51,6 @@ class SlotARCPolicy(SlotIndexPolicy):
         self._n1 = self._n2 = self._np1 = 0  # entries in T1, T2, P1
         self.p = 0.0  # target size of T1, in 0..c
         self._c = capacity
-
-    # The lists.
-
-    def _pop_oldest(self, head: int) -> int:
-        prev, nxt = self._prev, self._next
-        slot = nxt[head]
-        n = nxt[slot]
-        nxt[head] = n
-        prev[n] = head
-        return slot
 
     # The policy.
 
@@ -204,26 +196,32 @@ class SlotARCPolicy(SlotIndexPolicy):
 
     def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]:
         keys, index, where, ghosts = self._keys, self._index, self._where, self._ghosts
+        prev, nxt, add = self._prev, self._next, ghosts.add
         pinned_t1, p = self._np1, self.p
+        n1, n2 = self._n1, self._n2
         victims: list[tuple[Hashable, Any]] = []
         while len(victims) < n:
-            n1, n2 = self._n1, self._n2
             if n1 and (n1 + pinned_t1 > p or not n2):
-                slot = self._pop_oldest(self._h1)
-                self._n1 = n1 - 1
+                head = self._h1
+                n1 -= 1
                 which = 1
             elif n2:
-                slot = self._pop_oldest(self._h2)
-                self._n2 = n2 - 1
+                head = self._h2
+                n2 -= 1
                 which = 2
             else:
                 break
+            slot = nxt[head]  # the list's oldest entry leaves it
+            after = nxt[slot]
+            nxt[head] = after
+            prev[after] = head
             key = keys[slot]
             del index[key]  # first: a C index finds the entry through keys
             where[slot] = 0
             keys[slot] = None
-            ghosts.add(which, hash(key))
+            add(which, hash(key))
             victims.append((key, slot))
+        self._n1, self._n2 = n1, n2
         self.examined += len(victims)
         c = self._c = self.capacity or max(self._c, len(index) + len(victims))
         # Drop the oldest ghosts beyond the bounds (as ARCPolicy.evict_items).

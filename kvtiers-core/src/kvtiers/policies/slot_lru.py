@@ -1,15 +1,14 @@
 """Least recently used, for a CPU pool whose values are slot numbers.
 
-The same policy as `LRUPolicy`, laid out for the scheduler's memory budget: a plain
-dict maps key -> slot, and recency is a doubly linked list threaded through two
-int32 arrays indexed by slot (plus a slot -> key list for eviction). An OrderedDict
-costs ~120-150 bytes per entry under churn; this costs the dict entry (~52 bytes,
-kept compact, see below), 8 bytes of links and 8 of back-reference.
+The same policy as `LRUPolicy`, laid out for the scheduler's memory budget: an
+index maps key -> slot (`slot_index`: the C table, ~10 bytes per entry, or a dict,
+~52 plus the value's int object), and recency is a doubly linked list threaded
+through two int32 arrays indexed by slot (plus a slot -> key list for eviction and a
+pinned byte). An OrderedDict costs ~120-150 bytes per entry under churn; this costs
+the index entry, 8 bytes of links, 8 of back-reference and 1.
 
 Pinned entries are unlinked, so eviction walks unpinned entries only: O(1) per
-victim. CPython dicts never shrink, and churn (insert + delete) makes them resize to
-3x their live size; rebuilding the dict in place every `len/2` insertions keeps it
-at its compact size, for an amortised cost of about two entry copies per insertion.
+victim. The batch calls are one `slot_links.move` each (C when built).
 """
 
 from __future__ import annotations
