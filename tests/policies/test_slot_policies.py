@@ -498,3 +498,17 @@ def test_slot_index_refuses_what_would_corrupt_it() -> None:
         index.get(b"a")
     keys.pop()
     assert index.get(b"a") == 1 and keys[1] == b"a" and len(index) == 1
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+def test_gather(use_native: bool) -> None:
+    gather = slot_links._native.gather if use_native else slot_links.gather_py
+    rng = random.Random(4)
+    buffer = bytearray(rng.randbytes(50))
+    slots = [rng.randrange(50) for _ in range(200)]
+    assert gather(buffer, slots) == bytes(buffer[s] for s in slots)
+    assert gather(memoryview(buffer).toreadonly(), []) == b""
+    with pytest.raises(IndexError):
+        gather(buffer, [50])
+    with pytest.raises(TypeError):
+        gather(buffer, [None])

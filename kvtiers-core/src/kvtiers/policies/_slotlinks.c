@@ -18,6 +18,10 @@
  * slots before it have moved, as the Python loop leaves them). Single-threaded, like
  * the policy that calls it; the GIL is held.
  *
+ * gather(buffer, slots) -> bytes
+ *     bytes(buffer[s] for s in slots): a buffer of bytes indexed by slot read at
+ *     each slot of the list `slots` (ints, checked: IndexError).
+ *
  * Ghosts() -> a new, empty pair of ARC ghost lists: the C form of
  *     kvtiers.policies.ghosts.GhostLists, with the same methods and attributes
  *     (find, add, discard, pop_oldest, clear, len(), len1, len2) and the same answers;
@@ -27,9 +31,9 @@
  *     policy's slot -> key list (None: a free slot); capacity = len(keys). A mapping
  *     with the dict methods the policies use (get, pop, items, [], in, del, len);
  *     it writes keys[slot] = key on insertion and keys[slot] = None on removal, and
- *     finds entries through that list: an open-addressing table of int32 slot
- *     numbers (linear probing, backward-shift deletion, at least twice as many
- *     cells as slots, allocated once). Per entry ~8-11 bytes where a dict costs ~52
+ *     finds entries through that list: an open-addressing table of uint32 cells
+ *     (the slot number and a tag of hash bits; linear probing, backward-shift
+ *     deletion, at least twice as many cells as slots, allocated once). Per entry ~8-11 bytes where a dict costs ~52
  *     plus an int object (~32) per value: values are returned as new ints. A slot
  *     already holding another key raises ValueError. */
 #define PY_SSIZE_T_CLEAN
@@ -179,6 +183,43 @@ release_m:
     return result;
 }
 
+
+static PyObject *slotlinks_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "gather(buffer, slots)");
+        return NULL;
+    }
+    PyObject *slots = args[1];
+    if (!PyList_Check(slots)) {
+        PyErr_SetString(PyExc_TypeError, "slots must be a list");
+        return NULL;
+    }
+    Py_buffer view;
+    if (get_buffer(args[0], &view, 1, 0, "buffer") < 0)
+        return NULL;
+    Py_ssize_t len = PyList_GET_SIZE(slots), n = view.len;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, len);
+    if (out == NULL)
+        goto done;
+    const uint8_t *src = (const uint8_t *)view.buf;
+    char *dst = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < len; i++) {
+        Py_ssize_t s = PyLong_AsSsize_t(PyList_GET_ITEM(slots, i));
+        if (s == -1 && PyErr_Occurred()) {
+            Py_CLEAR(out);
+            break;
+        }
+        if (s < 0 || s >= n) {
+            PyErr_Format(PyExc_IndexError, "slot %zd out of range 0..%zd", s, n - 1);
+            Py_CLEAR(out);
+            break;
+        }
+        dst[i] = (char)src[s];
+    }
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
 
 /* ------------------------------------------------------------------ Ghosts
  * As GhostLists (ghosts.py): an open-addressing table (linear probing,
@@ -465,12 +506,24 @@ static PyTypeObject GhostsType = {
 
 /* ------------------------------------------------------------------ SlotIndex */
 
+/* A cell: the entry's slot in the low `slot_bits` bits, and above them as many bits
+ * of its key's hash as fit (a tag: probes skip other keys without reading them);
+ * EMPTY (all ones) is never an entry, as slots are below 2**slot_bits - 1. */
+#define EMPTY 0xFFFFFFFFu
+
 typedef struct {
     PyObject_HEAD
-    PyObject *keys; /* the policy's slot -> key list (owned reference) */
-    int32_t *cells; /* slot numbers; -1: empty */
+    PyObject *keys;  /* the policy's slot -> key list (owned reference) */
+    uint32_t *cells;
     Py_ssize_t mask, used, capacity;
+    int slot_bits;
+    uint32_t slot_mask;
 } SlotIndex;
+
+static inline uint32_t cell_tag(SlotIndex *x, Py_hash_t h) {
+    int bits = 32 - x->slot_bits;
+    return bits ? (uint32_t)((uint64_t)h >> (64 - bits)) << x->slot_bits : 0;
+}
 
 /* The cell of `key` (hash `h`), or -(first empty cell) - 1 when absent; -2**62 on
  * an error (a key's comparison raised). */
@@ -478,11 +531,16 @@ typedef struct {
 
 static Py_ssize_t index_lookup(SlotIndex *x, PyObject *key, Py_hash_t h) {
     Py_ssize_t i = (Py_ssize_t)((size_t)h & (size_t)x->mask);
+    uint32_t tag = cell_tag(x, h), slot_mask = x->slot_mask;
     for (;;) {
-        int32_t c = x->cells[i];
-        if (c < 0)
+        uint32_t c = x->cells[i];
+        if (c == EMPTY)
             return -i - 1;
-        PyObject *k = PyList_GET_ITEM(x->keys, c);
+        if ((c & ~slot_mask) != tag) {
+            i = (i + 1) & x->mask;
+            continue;
+        }
+        PyObject *k = PyList_GET_ITEM(x->keys, c & slot_mask);
         if (k == key)
             return i;
         if (k != Py_None) {
@@ -510,8 +568,8 @@ static Py_ssize_t index_find(SlotIndex *x, PyObject *key) {
     return index_lookup(x, key, h);
 }
 
-static int index_home(SlotIndex *x, int32_t c, Py_ssize_t *out) {
-    Py_hash_t h = PyObject_Hash(PyList_GET_ITEM(x->keys, c));
+static int index_home(SlotIndex *x, uint32_t c, Py_ssize_t *out) {
+    Py_hash_t h = PyObject_Hash(PyList_GET_ITEM(x->keys, c & x->slot_mask));
     if (h == -1 && PyErr_Occurred())
         return -1;
     *out = (Py_ssize_t)((size_t)h & (size_t)x->mask);
@@ -521,12 +579,12 @@ static int index_home(SlotIndex *x, int32_t c, Py_ssize_t *out) {
 /* Empty cell `i` (its entry's keys[slot] becomes None), shifting later entries of
  * its probe run back. */
 static int index_delete_at(SlotIndex *x, Py_ssize_t i) {
-    int32_t slot = x->cells[i];
+    Py_ssize_t slot = x->cells[i] & x->slot_mask;
     Py_ssize_t mask = x->mask, j = i;
     for (;;) {
         j = (j + 1) & mask;
-        int32_t c = x->cells[j];
-        if (c < 0)
+        uint32_t c = x->cells[j];
+        if (c == EMPTY)
             break;
         Py_ssize_t k;
         if (index_home(x, c, &k) < 0)
@@ -537,7 +595,7 @@ static int index_delete_at(SlotIndex *x, Py_ssize_t i) {
             i = j;
         }
     }
-    x->cells[i] = -1;
+    x->cells[i] = EMPTY;
     x->used--;
     Py_INCREF(Py_None);
     PyObject *old = PyList_GET_ITEM(x->keys, slot);
@@ -563,7 +621,7 @@ static PyObject *SlotIndex_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     if (!PyArg_ParseTuple(args, "O!:SlotIndex", &PyList_Type, &keys))
         return NULL;
     Py_ssize_t capacity = PyList_GET_SIZE(keys);
-    if (capacity > 0x3FFFFFFF) {
+    if (capacity > 0x3FFFFFFF) { /* 2 * capacity cells, and a slot in 30 bits */
         PyErr_SetString(PyExc_ValueError, "too many slots");
         return NULL;
     }
@@ -578,16 +636,21 @@ static PyObject *SlotIndex_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     SlotIndex *x = (SlotIndex *)type->tp_alloc(type, 0);
     if (x == NULL)
         return NULL;
-    x->cells = PyMem_Malloc((size_t)size * sizeof(int32_t));
+    x->cells = PyMem_Malloc((size_t)size * sizeof(uint32_t));
     if (x->cells == NULL) {
         Py_DECREF(x);
         return PyErr_NoMemory();
     }
-    memset(x->cells, 0xff, (size_t)size * sizeof(int32_t));
+    memset(x->cells, 0xff, (size_t)size * sizeof(uint32_t));
     Py_INCREF(keys);
     x->keys = keys;
     x->mask = size - 1;
     x->capacity = capacity;
+    int bits = 0;
+    while (((Py_ssize_t)1 << bits) <= capacity)
+        bits++; /* 2**bits > capacity: the largest slot is below 2**bits - 1 */
+    x->slot_bits = bits;
+    x->slot_mask = (uint32_t)(((uint64_t)1 << bits) - 1);
     return (PyObject *)x;
 }
 
@@ -618,7 +681,7 @@ static PyObject *SlotIndex_subscript(SlotIndex *x, PyObject *key) {
         PyErr_SetObject(PyExc_KeyError, key);
         return NULL;
     }
-    return PyLong_FromLong(x->cells[i]);
+    return PyLong_FromLong((long)(x->cells[i] & x->slot_mask));
 }
 
 static int SlotIndex_ass_subscript(SlotIndex *x, PyObject *key, PyObject *value) {
@@ -649,10 +712,11 @@ static int SlotIndex_ass_subscript(SlotIndex *x, PyObject *key, PyObject *value)
         PyErr_Format(PyExc_ValueError, "slot %zd holds another key", slot);
         return -1;
     }
+    uint32_t cell = cell_tag(x, h) | (uint32_t)slot;
     if (i >= 0) { /* present: the entry moves to `slot` (its old slot is left as it is) */
-        x->cells[i] = (int32_t)slot;
+        x->cells[i] = cell;
     } else {
-        x->cells[-i - 1] = (int32_t)slot;
+        x->cells[-i - 1] = cell;
         x->used++;
     }
     Py_INCREF(key);
@@ -672,7 +736,7 @@ static PyObject *SlotIndex_get(SlotIndex *x, PyObject *const *args, Py_ssize_t n
     if (i == LOOKUP_ERROR)
         return NULL;
     if (i >= 0)
-        return PyLong_FromLong(x->cells[i]);
+        return PyLong_FromLong((long)(x->cells[i] & x->slot_mask));
     PyObject *d = nargs == 2 ? args[1] : Py_None;
     Py_INCREF(d);
     return d;
@@ -696,7 +760,7 @@ static PyObject *SlotIndex_pop(SlotIndex *x, PyObject *const *args, Py_ssize_t n
         PyErr_SetObject(PyExc_KeyError, args[0]);
         return NULL;
     }
-    PyObject *slot = PyLong_FromLong(x->cells[i]);
+    PyObject *slot = PyLong_FromLong((long)(x->cells[i] & x->slot_mask));
     if (slot == NULL || index_delete_at(x, i) < 0) {
         Py_XDECREF(slot);
         return NULL;
@@ -711,9 +775,10 @@ static PyObject *SlotIndex_items(SlotIndex *x, PyObject *unused) {
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i <= x->mask; i++) {
-        int32_t c = x->cells[i];
-        if (c < 0)
+        uint32_t c = x->cells[i];
+        if (c == EMPTY)
             continue;
+        c &= x->slot_mask;
         PyObject *pair = Py_BuildValue("(Oi)", PyList_GET_ITEM(x->keys, c), (int)c);
         if (pair == NULL || PyList_Append(out, pair) < 0) {
             Py_XDECREF(pair);
@@ -757,6 +822,8 @@ static PyTypeObject SlotIndexType = {
 static PyMethodDef methods[] = {
     {"move", (PyCFunction)(void (*)(void))slotlinks_move, METH_FASTCALL,
      "Move each slot by its mark's entry in the table; moves per old mark."},
+    {"gather", (PyCFunction)(void (*)(void))slotlinks_gather, METH_FASTCALL,
+     "bytes(buffer[s] for s in slots)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,6 +6,7 @@ from typing import Any
 def move(
     marks: Any, prev: Any, next: Any, slots: list[Any], table: bytes, heads: Sequence[int], /
 ) -> list[int]: ...
+def gather(buffer: Any, slots: list[int], /) -> bytes: ...
 
 class Ghosts:
     len1: int

@@ -109,7 +109,7 @@ class SlotARCPolicy(SlotIndexPolicy):
         found = list(map(self._index.get, keys))
         slots = cast("list[int]", [s for s in found if s is not None] if None in found else found)
         where = self._where
-        if bytes(map(where.__getitem__, slots)).count(_P2) == len(slots):
+        if self._gather(where, slots).count(_P2) == len(slots):
             return  # all pinned and already in T2's side (the common case: just loaded)
         moved = self._move(where, self._prev, self._next, slots, _TOUCH, self._heads)
         self._n1 -= moved[_T1]

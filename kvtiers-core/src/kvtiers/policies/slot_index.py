@@ -52,6 +52,7 @@ class SlotIndexPolicy(EvictionPolicy):
         self._inserts = 0
         # The batch list moves (pin_many, ...): C when built, else Python.
         self._move = slot_links.move_function()
+        self._gather = slot_links.gather_function()
 
     def _init_links(self, sentinels: int) -> None:
         """Doubly linked lists threaded through two int32 arrays indexed by slot,

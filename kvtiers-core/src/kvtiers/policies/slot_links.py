@@ -10,6 +10,9 @@ it at the newest end of the list whose sentinel is `heads[t]`. Returns how many
 slots moved per old mark (`k` counts). A policy describes its pin, unpin or touch as
 one such table (`table(k, {old: (new, action)})`).
 
+`gather(buffer, slots) -> bytes`: `buffer[s]` for each slot, as bytes (the pool's
+states, a policy's marks), so that one `count` answers "are all READY".
+
 The lists are threaded through `prev` and `next` (`array('i')`, indexed by slot,
 sentinels after the slots: `next[h]` is a list's oldest entry, `prev[h]` its
 newest); `marks` is a bytearray indexed by slot. A slot out of range raises
@@ -30,6 +33,7 @@ LINK = 2
 SKIP = 255
 
 Move = Callable[[Any, Any, Any, list[Any], bytes, Sequence[int]], list[int]]
+Gather = Callable[[Any, list[int]], bytes]
 
 
 def table(k: int, moves: dict[int, tuple[int, int]]) -> bytes:
@@ -86,6 +90,11 @@ def move_py(
     return counts
 
 
+def gather_py(buffer: Sequence[int], slots: list[int]) -> bytes:
+    """`bytes(buffer[s] for s in slots)` (the C `gather` is one loop, ~30x faster)."""
+    return bytes(map(buffer.__getitem__, slots))
+
+
 _native: Any
 try:  # optional: built from setup.py where there is a C compiler
     from kvtiers.policies import _slotlinks as _native
@@ -108,3 +117,9 @@ def move_function() -> Move:
     """The C `move` when built and `USE_NATIVE`, else `move_py`."""
     c = native()
     return move_py if c is None else c.move
+
+
+def gather_function() -> Gather:
+    """The C `gather` when built and `USE_NATIVE`, else `gather_py`."""
+    c = native()
+    return gather_py if c is None else c.gather

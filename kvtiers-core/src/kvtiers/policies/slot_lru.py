@@ -110,7 +110,7 @@ class SlotLRUPolicy(SlotIndexPolicy):
     def touch_many(self, keys: Iterable[Hashable]) -> None:
         found = list(map(self._index.get, keys))
         slots = cast("list[int]", [s for s in found if s is not None] if None in found else found)
-        if not bytes(map(self._pinned.__getitem__, slots)).count(0):
+        if not self._gather(self._pinned, slots).count(0):
             return  # all pinned (an engine touches what it just loaded): nothing moves
         self._move(self._pinned, self._prev, self._next, slots, _TOUCH, self._heads)
 
