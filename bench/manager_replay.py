@@ -235,6 +235,11 @@ def timed(run: Any) -> dict[str, Any]:
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     best = dict(sorted(runs, key=lambda r: r["ops_per_s"])[len(runs) // 2])
     best["runs_ops_per_s"] = [r["ops_per_s"] for r in runs]
+    # Per run, in order (pairs them with the other system's runs by index).
+    best["runs"] = [
+        {k: r[k] for k in ("ops_per_s", "ops_per_cpu_s", "cpu_share", "load_before")}
+        for r in runs
+    ]
     return best
 
 
@@ -326,10 +331,14 @@ def main() -> int:
                     vruns[policy].append(v)
                     pair = {"run": i, "policy": policy, "vllm_ops_per_s": v["ops_per_s"],
                             "loadavg_1m": v["load_before"]["loadavg_1m"],
-                            "vllm_cpu_share": v["cpu_share"]}
+                            "vllm_cpu_share": v["cpu_share"],
+                            "vllm_ops_per_cpu_s": v["ops_per_cpu_s"]}
                     for kp, kv in kvs.items():
                         pair[f"kvtiers_{kp}_ops_per_s"] = kv["ops_per_s"]
                         pair[f"ratio_{kp}"] = kv["ops_per_s"] / v["ops_per_s"]
+                        # Per CPU-second: what each process got of the cores aside.
+                        pair[f"kvtiers_{kp}_ops_per_cpu_s"] = kv["ops_per_cpu_s"]
+                        pair[f"cpu_ratio_{kp}"] = kv["ops_per_cpu_s"] / v["ops_per_cpu_s"]
                     pairs.append(pair)
                     line += f"  vLLM {v['ops_per_s']/1e6:5.2f}  ratio " + " ".join(
                         f"{kp} {pair[f'ratio_{kp}']:5.2f}x" for kp in kvs
