@@ -23,7 +23,12 @@ setup(
         ),
         Extension(
             "kvtiers.policies._slotlinks",
-            ["src/kvtiers/policies/_slotlinks.c"],
+            [
+                "src/kvtiers/policies/_slotlinks.c",
+                "src/kvtiers/policies/slotlinks_ghosts.c",
+                "src/kvtiers/policies/slotlinks_index.c",
+            ],
+            depends=["src/kvtiers/policies/slotlinks.h"],
             optional=True,
         ),
     ]
