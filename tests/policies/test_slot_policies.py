@@ -511,4 +511,4 @@ def test_gather(use_native: bool) -> None:
     with pytest.raises(IndexError):
         gather(buffer, [50])
     with pytest.raises(TypeError):
-        gather(buffer, [None])
+        gather(buffer, [None])  # type: ignore[list-item]
