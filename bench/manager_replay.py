@@ -40,6 +40,7 @@ from typing import Any
 from kvtiers.bench.workload import Request, Workload, WorkloadSpec
 from kvtiers.manager import TieringOffloadingManager, slotops
 from kvtiers.plugins import get_registry
+from kvtiers.policies import slot_links
 from kvtiers.policies.base import EvictionPolicy
 
 
@@ -65,16 +66,20 @@ def replay(
     events: list[tuple[str, Request]], num_slots: int, policy: str, measure_memory: bool = False,
     native: bool = True,
 ) -> dict[str, Any]:
-    """One timed replay. `native`: the pool's per-block loops in C (when built),
-    else in Python (kvtiers.manager.slotops)."""
+    """One timed replay. `native`: the pool's per-block loops and the slot policies'
+    index, list moves and ghosts in C (when built), else in Python
+    (kvtiers.manager.slotops, kvtiers.policies.slot_links)."""
     cls = get_registry().get_policy(policy).record.load()
     assert issubclass(cls, EvictionPolicy), cls
     slotops.USE_NATIVE = native and slotops.NATIVE
+    slot_links.USE_NATIVE = native and slot_links.NATIVE
     if measure_memory:
         # Before the manager is built: its per-slot arrays count (they are the pool's).
         tracemalloc.start()
     mgr = TieringOffloadingManager(num_slots, cls.for_slots(num_slots))
-    path = "native" if slotops.USE_NATIVE else "python"
+    path = "native" if slotops.USE_NATIVE and slot_links.USE_NATIVE else (
+        "python" if not (slotops.USE_NATIVE or slot_links.USE_NATIVE) else "mixed"
+    )
     ops = 0
     hits_blocks = 0
     prompt_blocks = 0
@@ -230,6 +235,11 @@ def timed(run: Any) -> dict[str, Any]:
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     best = dict(sorted(runs, key=lambda r: r["ops_per_s"])[len(runs) // 2])
     best["runs_ops_per_s"] = [r["ops_per_s"] for r in runs]
+    # Per run, in order (pairs them with the other system's runs by index).
+    best["runs"] = [
+        {k: r[k] for k in ("ops_per_s", "ops_per_cpu_s", "cpu_share", "load_before")}
+        for r in runs
+    ]
     return best
 
 
@@ -277,10 +287,14 @@ def main() -> int:
         with open(trace, "wb") as f:
             pickle.dump([(k, r.req_id, r.prompt_keys, r.output_keys) for k, r in events], f)
     if args.memory_only:
-        mems = [replay(events, args.slots, p, measure_memory=True) for p in args.policy.split(",")]
+        mems = [
+            replay(events, args.slots, p, measure_memory=True, native=kp == "native")
+            for p in args.policy.split(",") for kp in args.paths.split(",")
+        ]
         for r in mems:
-            print(f"{r['policy']:6} hit {100 * r['hit_rate']:.3f}%  heap/resident block "
-                  f"{r['heap_bytes_per_resident_block']:.1f} B  ({r['resident_blocks']} resident)")
+            print(f"{r['policy']:6} {r['path']:6} hit {100 * r['hit_rate']:.4f}%  heap/resident "
+                  f"block {r['heap_bytes_per_resident_block']:.1f} B  "
+                  f"({r['resident_blocks']} resident)")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({
@@ -317,10 +331,14 @@ def main() -> int:
                     vruns[policy].append(v)
                     pair = {"run": i, "policy": policy, "vllm_ops_per_s": v["ops_per_s"],
                             "loadavg_1m": v["load_before"]["loadavg_1m"],
-                            "vllm_cpu_share": v["cpu_share"]}
+                            "vllm_cpu_share": v["cpu_share"],
+                            "vllm_ops_per_cpu_s": v["ops_per_cpu_s"]}
                     for kp, kv in kvs.items():
                         pair[f"kvtiers_{kp}_ops_per_s"] = kv["ops_per_s"]
                         pair[f"ratio_{kp}"] = kv["ops_per_s"] / v["ops_per_s"]
+                        # Per CPU-second: what each process got of the cores aside.
+                        pair[f"kvtiers_{kp}_ops_per_cpu_s"] = kv["ops_per_cpu_s"]
+                        pair[f"cpu_ratio_{kp}"] = kv["ops_per_cpu_s"] / v["ops_per_cpu_s"]
                     pairs.append(pair)
                     line += f"  vLLM {v['ops_per_s']/1e6:5.2f}  ratio " + " ".join(
                         f"{kp} {pair[f'ratio_{kp}']:5.2f}x" for kp in kvs
@@ -336,11 +354,12 @@ def main() -> int:
                     }, indent=2))
         results = []
         for policy in policies:
-            mem = None
-            if not args.no_memory:  # the same structures on either path: measured once
-                mem = replay(events, args.slots, policy, measure_memory=True)
             for kp in kpaths:
                 best = median_of(runs[f"{policy}/{kp}"])
+                mem = None
+                if not args.no_memory:  # the C index is smaller: each path measured
+                    mem = replay(events, args.slots, policy, measure_memory=True,
+                                 native=kp == "native")
                 if mem is not None:
                     for k in ("heap_bytes", "heap_bytes_per_resident_block", "heap_by_file"):
                         best[k] = mem[k]
@@ -386,7 +405,8 @@ def main() -> int:
         args.json.write_text(json.dumps({
             "machine": platform.node(), "python": platform.python_version(),
             "cpus": os.cpu_count(), "vllm": vl.version if vl is not None else None,
-            "native_built": slotops.NATIVE, "paths": kpaths,
+            "native_built": slotops.NATIVE, "policies_native_built": slot_links.NATIVE,
+            "paths": kpaths,
             "spec": vars(spec) | {"hash_seed": str(spec.hash_seed)}, "slots": args.slots,
             "results": results, "vllm_results": vresults, "pairs": pairs,
         }, indent=2))

@@ -1,6 +1,7 @@
 """The pool's per-block loops (`kvtiers.manager.slotops`): the optional C helper and
 the Python loops give the same results, errors included, and a manager built on
-either path ends in the same state after the same calls."""
+either path (with the policies' C helper, `kvtiers.policies.slot_links`, on or off
+alike) ends in the same state after the same calls."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 from kvtiers.manager import TieringOffloadingManager, slotops
+from kvtiers.policies import slot_links
 from kvtiers.policies.arc import ARCPolicy
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.policies.sieve import SievePolicy
@@ -73,6 +75,7 @@ def test_manager_on_either_path_ends_the_same(
 
     def run(use_native: bool) -> tuple[list[Any], dict[str, Any], list[Any]]:
         monkeypatch.setattr(slotops, "USE_NATIVE", use_native)
+        monkeypatch.setattr(slot_links, "USE_NATIVE", use_native and slot_links.NATIVE)
         rng = random.Random(5)
         mgr = TieringOffloadingManager(64, policy.for_slots(64))
         keys = [rng.randbytes(16) for _ in range(200)]

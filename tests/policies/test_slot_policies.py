@@ -2,11 +2,14 @@
 `SievePolicy.for_slots`, `ARCPolicy.for_slots`) behave exactly like the dict-based
 policies: a differential
 state machine drives both with the same calls and compares victims, `examined`,
-exports and lookups after every step. Also: `GhostLists` against ordered dicts."""
+exports and lookups after every step, on the C path (`kvtiers.policies._slotlinks`,
+when built) and on the pure-Python one. Also: `GhostLists` (and its C form) against
+ordered dicts, and the two `move`s against each other."""
 
 from __future__ import annotations
 
 import random
+from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -14,6 +17,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from kvtiers.policies import slot_links
 from kvtiers.policies.arc import ARCPolicy
 from kvtiers.policies.base import EvictionPolicy
 from kvtiers.policies.ghosts import GhostLists
@@ -27,13 +31,30 @@ SLOTS = 8
 KEYS = [f"k{i}".encode() for i in range(14)]
 
 
+native = pytest.mark.skipif(
+    not slot_links.NATIVE, reason="kvtiers.policies._slotlinks was not built"
+)
+PATHS = [pytest.param(True, marks=native, id="native"), pytest.param(False, id="python")]
+
+
+def build(make: Any, use_native: bool) -> Any:
+    """`make()` with the policies' C helper on or off."""
+    saved = slot_links.USE_NATIVE
+    slot_links.USE_NATIVE = use_native and slot_links.NATIVE
+    try:
+        return make()
+    finally:
+        slot_links.USE_NATIVE = saved
+
+
 class SameAsReference(RuleBasedStateMachine):
     ref_cls: type[EvictionPolicy]
+    use_native = True
 
     def __init__(self) -> None:
         super().__init__()
         self.ref: Any = self.ref_cls(SLOTS)
-        self.fast: Any = self.ref_cls.for_slots(SLOTS)
+        self.fast: Any = build(lambda: self.ref_cls.for_slots(SLOTS), self.use_native)
         assert type(self.fast) is not self.ref_cls
         self.free = list(range(SLOTS))
 
@@ -145,22 +166,39 @@ class SameAsARC(SameAsReference):
     ref_cls = ARCPolicy
 
 
+class SameAsLRUPython(SameAsLRU):
+    use_native = False
+
+
+class SameAsARCPython(SameAsARC):
+    use_native = False
+
+
 TestSameAsLRU = SameAsLRU.TestCase
 TestSameAsLRU.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestSameAsSieve = SameAsSieve.TestCase
 TestSameAsSieve.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
 TestSameAsARC = SameAsARC.TestCase
 TestSameAsARC.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+# The pure-Python path (SIEVE has no C part). Where the helper was not built, the
+# classes above run this path already.
+TestSameAsLRUPython = SameAsLRUPython.TestCase
+TestSameAsLRUPython.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+TestSameAsARCPython = SameAsARCPython.TestCase
+TestSameAsARCPython.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
 
 
-@pytest.mark.parametrize("cls", [SlotSievePolicy, SlotARCPolicy])
-def test_long_random_run_matches_the_reference(cls: type[EvictionPolicy]) -> None:
+@pytest.mark.parametrize("use_native", PATHS)
+@pytest.mark.parametrize("cls", [SlotSievePolicy, SlotARCPolicy, SlotLRUPolicy])
+def test_long_random_run_matches_the_reference(cls: type[EvictionPolicy], use_native: bool) -> None:
     """Thousands of operations over a pool of 64 slots (ghost tables grow, rings
-    compact, the dict index is rebuilt): the same victims all along."""
-    ref_cls = SievePolicy if cls is SlotSievePolicy else ARCPolicy
+    compact, the dict index is rebuilt), single and batch calls: the same victims
+    all along."""
+    refs: dict[Any, type[EvictionPolicy]] = {SlotSievePolicy: SievePolicy, SlotARCPolicy: ARCPolicy}
+    ref_cls = refs.get(cls, LRUPolicy)
     n = 64
     ref: Any = ref_cls(n)
-    fast: Any = cls(n)
+    fast: Any = build(lambda: cls(n), use_native)
     rng = random.Random(7)
     keys = [rng.randbytes(12) for _ in range(400)]
     free = list(range(n))
@@ -182,17 +220,36 @@ def test_long_random_run_matches_the_reference(cls: type[EvictionPolicy]) -> Non
                     ref.insert(key, slot)
                     fast.insert(key, slot)
         elif op < 0.75:
-            ref.touch(key)
-            fast.touch(key)
+            batch = [*rng.sample(keys, rng.randrange(1, 6)), key]
+            if op < 0.65:
+                ref.touch(key)
+                fast.touch(key)
+            else:
+                for k in batch:
+                    ref.touch(k)
+                fast.touch_many(batch)
         elif op < 0.85:
-            ref.pin(key)
-            fast.pin(key)
-            if key in ref:
-                pinned.add(key)
+            batch = [*rng.sample(keys, rng.randrange(1, 6)), key]
+            if op < 0.8:
+                ref.pin(key)
+                fast.pin(key)
+                batch = [key]
+            else:
+                for k in batch:
+                    ref.pin(k)
+                fast.pin_many(batch)
+            pinned.update(k for k in batch if k in ref)
         elif op < 0.95:
-            ref.unpin(key)
-            fast.unpin(key)
-            pinned.discard(key)
+            batch = [*rng.sample(keys, rng.randrange(1, 6)), key]
+            if op < 0.9:
+                ref.unpin(key)
+                fast.unpin(key)
+                batch = [key]
+            else:
+                for k in batch:
+                    ref.unpin(k)
+                fast.unpin_many(batch)
+            pinned.difference_update(batch)
         else:
             slot = ref.get(key)
             ref.remove(key)
@@ -201,8 +258,8 @@ def test_long_random_run_matches_the_reference(cls: type[EvictionPolicy]) -> Non
             if slot is not None:
                 free.append(slot)
         assert len(fast) == len(ref)
-    k = len(pinned)
-    assert fast.export()[: len(ref) - k] == ref.export()[: len(ref) - k]
+    npinned = len(pinned)
+    assert fast.export()[: len(ref) - npinned] == ref.export()[: len(ref) - npinned]
 
 
 @pytest.mark.parametrize("cls", [SlotLRUPolicy, SlotSievePolicy, SlotARCPolicy])
@@ -247,10 +304,12 @@ def test_values_must_be_slot_numbers(cls: type[EvictionPolicy]) -> None:
         policy.restore([b"a"])
 
 
-def test_ghost_lists_match_ordered_dicts() -> None:
+@pytest.mark.parametrize("use_native", PATHS)
+def test_ghost_lists_match_ordered_dicts(use_native: bool) -> None:
     """Random adds, hits and front drops against two ordered dicts (the structure
-    ARCPolicy uses), through table growth and ring compaction."""
-    ghosts = GhostLists()
+    ARCPolicy uses), through table growth and ring compaction (C: ring growth and
+    wrap-around)."""
+    ghosts: Any = GhostLists() if not use_native else slot_links._native.Ghosts()
     ref: tuple[OrderedDict[int, None], OrderedDict[int, None]] = (OrderedDict(), OrderedDict())
     rng = random.Random(3)
     pool = [rng.getrandbits(64) - (1 << 63) for _ in range(3000)] + [0, 1, -1]
@@ -276,3 +335,180 @@ def test_ghost_lists_match_ordered_dicts() -> None:
     for h in pool:
         assert ghosts.find(h) == (1 if h in ref[0] else 2 if h in ref[1] else 0)
     assert len(ghosts) == len(ref[0]) + len(ref[1])
+    ghosts.clear()
+    assert (len(ghosts), ghosts.len1, ghosts.len2, ghosts.find(pool[0])) == (0, 0, 0, 0)
+
+
+@native
+def test_ghosts_argument_errors() -> None:
+    ghosts = slot_links._native.Ghosts()
+    with pytest.raises(ValueError, match="1 or 2"):
+        ghosts.add(3, 5)
+    with pytest.raises(ValueError, match="1 or 2"):
+        ghosts.pop_oldest(0)
+    with pytest.raises(TypeError):
+        ghosts.find("a")
+    with pytest.raises(TypeError):
+        slot_links._native.Ghosts(1)
+
+
+def random_lists(rng: random.Random, n: int, k: int) -> tuple[bytearray, Any, Any, list[int]]:
+    """`n` slots with random marks below `k`, each slot linked (in random order) in
+    the list of its mark's head `n + mark`, or unlinked (mark 0 stays unlinked)."""
+    marks = bytearray(rng.randrange(k) for _ in range(n))
+    heads = [n + m for m in range(k)]
+    prev = array("i", range(n + k))
+    nxt = array("i", range(n + k))
+    order = list(range(n))
+    rng.shuffle(order)
+    for slot in order:
+        if marks[slot]:
+            h = heads[marks[slot]]
+            last = prev[h]
+            nxt[last] = slot
+            prev[slot] = last
+            nxt[slot] = h
+            prev[h] = slot
+    return marks, prev, nxt, heads
+
+
+@native
+def test_native_and_python_moves_agree() -> None:
+    """Random tables (marks 1.. are linked, 0 is not: unlink only from a linked mark,
+    link only into one) over random slot lists, None and repeats included."""
+    rng = random.Random(17)
+    k, n = 4, 40
+    c_move = slot_links._native.move
+    a = random_lists(rng, n, k)
+    b = (bytearray(a[0]), array("i", a[1]), array("i", a[2]), a[3])
+    for _ in range(3000):
+        moves = {}
+        for old in range(k):
+            if rng.random() < 0.6:
+                new = rng.randrange(k)
+                action = (slot_links.UNLINK if old else 0) | (slot_links.LINK if new else 0)
+                moves[old] = (new, action)
+        tab = slot_links.table(k, moves)
+        slots: list[int | None] = [
+            rng.randrange(n) if rng.random() < 0.9 else None for _ in range(8)
+        ]
+        got = slot_links.move_py(a[0], a[1], a[2], slots, tab, a[3])
+        assert c_move(b[0], b[1], b[2], slots, tab, b[3]) == got
+        assert a[:3] == b[:3]
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+def test_move_errors(use_native: bool) -> None:
+    move = slot_links._native.move if use_native else slot_links.move_py
+    rng = random.Random(2)
+    marks, prev, nxt, heads = random_lists(rng, 6, 2)
+    tab = slot_links.table(2, {1: (0, slot_links.UNLINK)})
+    with pytest.raises(IndexError):
+        move(marks, prev, nxt, [6], tab, heads)
+    with pytest.raises(ValueError, match="heads"):
+        move(marks, prev, nxt, [0], tab, heads[:1])
+    with pytest.raises(ValueError, match="even"):
+        move(marks, prev, nxt, [0], tab + b"\0", heads)
+    marks[0] = 2
+    with pytest.raises(ValueError, match="mark 2"):
+        move(marks, prev, nxt, [0], tab, heads)
+    assert move(marks, prev, nxt, [None, 1], slot_links.table(2, {}), heads) == [0, 0]
+
+
+@native
+def test_slot_index_matches_a_dict() -> None:
+    """The C index against a dict plus the slot -> key list the policies keep:
+    random inserts, removals (del and pop) and lookups over a small table (long
+    probe runs, wrap-around, backward shifts), keys of equal hash but not equal,
+    and keys equal but not identical."""
+    rng = random.Random(23)
+    n = 48
+    keys: list[Any] = [None] * n
+    index = slot_links._native.SlotIndex(keys)
+    ref: dict[Any, int] = {}
+    free = list(range(n))
+    pool: list[Any] = [rng.randbytes(6) for _ in range(120)] + [
+        Collide(i) for i in range(6)
+    ]
+    for _ in range(40_000):
+        key = rng.choice(pool)
+        if rng.random() < 0.3 and isinstance(key, bytes):
+            key = bytes(bytearray(key))  # equal, another object
+        op = rng.random()
+        if op < 0.45:
+            if key not in ref and free:
+                slot = free.pop(rng.randrange(len(free)))
+                ref[key] = slot
+                index[key] = slot
+        elif op < 0.6:
+            if key in ref:
+                del index[key]
+                free.append(ref.pop(key))
+            else:
+                with pytest.raises(KeyError):
+                    del index[key]
+        elif op < 0.75:
+            got = index.pop(key, None)
+            assert got == ref.pop(key, None)
+            if got is not None:
+                free.append(got)
+        else:
+            assert index.get(key) == ref.get(key)
+            assert index.get(key, -1) == ref.get(key, -1)
+            assert (key in index) == (key in ref)
+        assert len(index) == len(ref)
+    assert sorted(index.items(), key=lambda kv: kv[1]) == sorted(ref.items(), key=lambda kv: kv[1])
+    assert keys == [next((k for k, s in ref.items() if s == slot), None) for slot in range(n)]
+    for key, slot in ref.items():
+        assert index[key] == slot
+    with pytest.raises(KeyError):
+        index[b"absent"]
+    with pytest.raises(KeyError):
+        index.pop(b"absent")
+
+
+class Collide:
+    """A key whose hash collides with others' (all hash to 7)."""
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def __hash__(self) -> int:
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Collide) and other.i == self.i
+
+
+@native
+def test_slot_index_refuses_what_would_corrupt_it() -> None:
+    keys: list[Any] = [None] * 4
+    index = slot_links._native.SlotIndex(keys)
+    index[b"a"] = 1
+    with pytest.raises(ValueError, match="another key"):
+        index[b"b"] = 1  # slot 1 is a's
+    with pytest.raises(ValueError, match="out of range"):
+        index[b"b"] = 4
+    with pytest.raises(TypeError):
+        index[[1]] = 2  # unhashable
+    with pytest.raises(ValueError, match="all None"):
+        slot_links._native.SlotIndex([b"x"])
+    keys.append(None)
+    with pytest.raises(RuntimeError, match="length"):
+        index.get(b"a")
+    keys.pop()
+    assert index.get(b"a") == 1 and keys[1] == b"a" and len(index) == 1
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+def test_gather(use_native: bool) -> None:
+    gather = slot_links._native.gather if use_native else slot_links.gather_py
+    rng = random.Random(4)
+    buffer = bytearray(rng.randbytes(50))
+    slots = [rng.randrange(50) for _ in range(200)]
+    assert gather(buffer, slots) == bytes(buffer[s] for s in slots)
+    assert gather(memoryview(buffer).toreadonly(), []) == b""
+    with pytest.raises(IndexError):
+        gather(buffer, [50])
+    with pytest.raises(TypeError):
+        gather(buffer, [None])  # type: ignore[list-item]

@@ -33,6 +33,7 @@ from kvtiers.manager.slot_state import (
     READY,
     STORING,
 )
+from kvtiers.policies import slot_links
 from kvtiers.policies.base import EvictionPolicy
 from kvtiers.slots import SlotAllocator
 
@@ -75,6 +76,8 @@ class SlotTable:
         self.get: Callable[[BlockKey], int | None] = policy.get
         # The per-block loops over holds and states: C when built, else Python.
         self._hold_many, self._release_many, self._fill = slotops.functions()
+        # bytes of a per-slot array at given slots (C with the policies' helper).
+        self._gather = slot_links.gather_function()
 
     # ------------------------------------------------------------------ reading
 
@@ -140,7 +143,7 @@ class SlotTable:
         if not resident:
             return 0, 0, 0
         slots = cast("list[int]", found)  # every None is gone
-        states = bytes(map(self._state.__getitem__, slots))
+        states = self._gather(self._state, slots)
         ready = states.count(_READY_BYTE)
         if ready == resident:
             return resident, resident, resident
@@ -178,7 +181,7 @@ class SlotTable:
         """Hold every block of `keys` (all must be READY) and return their slots, in
         order; `KeyError` (and no hold taken) when one is not."""
         slots = list(map(self.get, keys))
-        if None in slots or bytes(map(self._state.__getitem__, slots)).count(  # type: ignore[arg-type]
+        if None in slots or self._gather(self._state, slots).count(  # type: ignore[arg-type]
             _READY_BYTE
         ) != len(slots):
             for key, slot in zip(keys, slots, strict=True):
@@ -304,7 +307,7 @@ class SlotTable:
         found = list(map(self.get, keys))
         if (
             None not in found
-            and bytes(map(state.__getitem__, found)).count(_STORING_BYTE) == len(found)  # type: ignore[arg-type]
+            and self._gather(state, found).count(_STORING_BYTE) == len(found)  # type: ignore[arg-type]
             and len(set(found)) == len(found)
         ):  # the common case: each key once, all being stored
             ready = cast("list[int]", found)

@@ -15,12 +15,18 @@ each live ghost once plus stale entries that are dropped as the front passes the
 O(1) amortised per operation. Hash 0 marks an empty table cell, so a key hashing to
 0 is remembered as 1 (a collision, which only misguides ARC's adaptation once).
 
+`ghost_lists()` gives the C form (`kvtiers.policies._slotlinks.Ghosts`, same
+methods and answers) when it was built, else this class.
+
 Single-threaded, like the policy that owns it.
 """
 
 from __future__ import annotations
 
 from array import array
+from typing import cast
+
+from kvtiers.policies import slot_links
 
 _SEQ_MASK = 0x7FFFFFFF
 
@@ -151,3 +157,10 @@ class GhostLists:
 
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
+
+
+def ghost_lists() -> GhostLists:
+    """New, empty ghost lists: the C `Ghosts` when built and
+    `slot_links.USE_NATIVE`, else `GhostLists`."""
+    c = slot_links.native()
+    return GhostLists() if c is None else cast("GhostLists", c.Ghosts())

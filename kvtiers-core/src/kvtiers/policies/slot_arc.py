@@ -3,11 +3,13 @@ victims, same `p`, same ghosts) laid out like `SlotLRUPolicy`.
 
 T1 and T2 are two doubly linked lists threaded through the same int32 arrays
 indexed by slot (a sentinel each), oldest first; one byte per slot says where the
-entry is (T1, T2, or pinned out of either: P1, P2); a key -> slot dict (kept compact,
-see `slot_lru`) and a slot -> key list complete the resident side, ~70 bytes per
-entry. The ghosts B1 and B2 are `GhostLists` (flat arrays, ~20-40 bytes per ghost)
-instead of ordered dicts of ints (~130). Lookups are one dict `get` (bound at
-construction), where `ARCPolicy.get` is a Python method over four dicts.
+entry is (T1, T2, or pinned out of either: P1, P2); a key -> slot index (`slot_index`:
+the C table or a compact dict) and a slot -> key list complete the resident side,
+~27 bytes per entry with the C index, ~70 with the dict. The ghosts B1 and B2 are
+`ghost_lists()` (flat arrays, in C when built, ~20-40 bytes per ghost) instead of
+ordered dicts of ints (~130). Lookups are one bound `get` of the index, where
+`ARCPolicy.get` is a Python method over four dicts; the batch calls are one
+`slot_links.move` each.
 
 Pinned entries are unlinked, so eviction never meets them: O(1) per victim plus the
 ghosts it drops (each ghost is added and dropped once: O(1) amortised).
@@ -19,11 +21,16 @@ import math
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, cast
 
-from kvtiers.policies.ghosts import GhostLists
+from kvtiers.policies.ghosts import ghost_lists
 from kvtiers.policies.slot_index import SlotIndexPolicy
+from kvtiers.policies.slot_links import LINK, UNLINK, table
 
 # Where an entry is (one byte per slot).
 _T1, _T2, _P1, _P2 = 1, 2, 3, 4
+# The batch calls as list moves (see `slot_links.move`): old mark -> (new, action).
+_PIN = table(5, {_T1: (_P1, UNLINK), _T2: (_P2, UNLINK)})
+_UNPIN = table(5, {_P1: (_T1, LINK), _P2: (_T2, LINK)})
+_TOUCH = table(5, {_T1: (_T2, UNLINK | LINK), _T2: (_T2, UNLINK | LINK), _P1: (_P2, 0)})
 
 
 class SlotARCPolicy(SlotIndexPolicy):
@@ -38,21 +45,12 @@ class SlotARCPolicy(SlotIndexPolicy):
         assert capacity is not None
         self._h1, self._h2 = capacity, capacity + 1  # the heads of T1 and T2
         self._init_links(2)
+        self._heads = (0, self._h1, self._h2, 0, 0)  # the list of each mark (T1, T2)
         self._where = bytearray(capacity)
-        self._ghosts = GhostLists()
+        self._ghosts = ghost_lists()
         self._n1 = self._n2 = self._np1 = 0  # entries in T1, T2, P1
         self.p = 0.0  # target size of T1, in 0..c
         self._c = capacity
-
-    # The lists.
-
-    def _pop_oldest(self, head: int) -> int:
-        prev, nxt = self._prev, self._next
-        slot = nxt[head]
-        n = nxt[slot]
-        nxt[head] = n
-        prev[n] = head
-        return slot
 
     # The policy.
 
@@ -111,13 +109,12 @@ class SlotARCPolicy(SlotIndexPolicy):
         found = list(map(self._index.get, keys))
         slots = cast("list[int]", [s for s in found if s is not None] if None in found else found)
         where = self._where
-        if bytes(map(where.__getitem__, slots)).count(_P2) == len(slots):
+        if self._gather(where, slots).count(_P2) == len(slots):
             return  # all pinned and already in T2's side (the common case: just loaded)
-        touch = self.touch
-        keys_of = self._keys
-        for slot in slots:
-            if where[slot] != _P2:
-                touch(keys_of[slot])
+        moved = self._move(where, self._prev, self._next, slots, _TOUCH, self._heads)
+        self._n1 -= moved[_T1]
+        self._n2 += moved[_T1]
+        self._np1 -= moved[_P1]
 
     def pin(self, key: Hashable) -> None:
         slot = self._index.get(key)
@@ -149,28 +146,82 @@ class SlotARCPolicy(SlotIndexPolicy):
             self._where[slot] = _T2
             self._n2 += 1
 
+    # Batch forms (the pool calls these per engine call): one list move per call
+    # (`slot_links.move`, C when built), counted per list after it.
+
+    def pin_many(self, keys: Iterable[Hashable]) -> None:
+        slots = list(map(self._index.get, keys))
+        moved = self._move(self._where, self._prev, self._next, slots, _PIN, self._heads)
+        self._n1 -= moved[_T1]
+        self._np1 += moved[_T1]
+        self._n2 -= moved[_T2]
+
+    def unpin_many(self, keys: Iterable[Hashable]) -> None:
+        slots = list(map(self._index.get, keys))
+        moved = self._move(self._where, self._prev, self._next, slots, _UNPIN, self._heads)
+        self._np1 -= moved[_P1]
+        self._n1 += moved[_P1]
+        self._n2 += moved[_P2]
+
+    def insert_pinned(self, keys: Iterable[Hashable], values: Iterable[Any]) -> None:
+        """`insert` then `pin` per pair: a new entry goes straight to P1 (or P2 when
+        a ghost remembered it), never linked."""
+        index, klist, where, ghosts = self._index, self._keys, self._where, self._ghosts
+        find, discard, limit = ghosts.find, ghosts.discard, self._slots
+        count = 0
+        for key, slot in zip(keys, values, strict=True):
+            if key in index or type(slot) is not int or not 0 <= slot < limit:
+                self.insert(key, slot)  # a use (or the error) as `insert` gives it
+                self.pin(key)
+                continue
+            ghost = hash(key)
+            found = find(ghost)
+            if found == 1:  # as `insert`: T2, then pinned out of it
+                self.p = min(self._c, self.p + max(1.0, ghosts.len2 / ghosts.len1))
+                discard(ghost)
+                where[slot] = _P2
+            elif found == 2:
+                self.p = max(0.0, self.p - max(1.0, ghosts.len1 / ghosts.len2))
+                discard(ghost)
+                where[slot] = _P2
+            else:
+                where[slot] = _P1
+                self._np1 += 1
+                if ghosts.len1 and self._n1 + self._np1 + ghosts.len1 > self._c:
+                    ghosts.pop_oldest(1)
+            index[key] = slot
+            klist[slot] = key
+            count += 1
+        self._count_inserts(count)
+
     def evict_items(self, n: int = 1) -> list[tuple[Hashable, Any]]:
         keys, index, where, ghosts = self._keys, self._index, self._where, self._ghosts
+        prev, nxt, add = self._prev, self._next, ghosts.add
         pinned_t1, p = self._np1, self.p
+        n1, n2 = self._n1, self._n2
         victims: list[tuple[Hashable, Any]] = []
         while len(victims) < n:
-            n1, n2 = self._n1, self._n2
             if n1 and (n1 + pinned_t1 > p or not n2):
-                slot = self._pop_oldest(self._h1)
-                self._n1 = n1 - 1
+                head = self._h1
+                n1 -= 1
                 which = 1
             elif n2:
-                slot = self._pop_oldest(self._h2)
-                self._n2 = n2 - 1
+                head = self._h2
+                n2 -= 1
                 which = 2
             else:
                 break
+            slot = nxt[head]  # the list's oldest entry leaves it
+            after = nxt[slot]
+            nxt[head] = after
+            prev[after] = head
             key = keys[slot]
-            keys[slot] = None
+            del index[key]  # first: a C index finds the entry through keys
             where[slot] = 0
-            del index[key]
-            ghosts.add(which, hash(key))
+            keys[slot] = None
+            add(which, hash(key))
             victims.append((key, slot))
+        self._n1, self._n2 = n1, n2
         self.examined += len(victims)
         c = self._c = self.capacity or max(self._c, len(index) + len(victims))
         # Drop the oldest ghosts beyond the bounds (as ARCPolicy.evict_items).

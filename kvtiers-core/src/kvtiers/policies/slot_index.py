@@ -1,21 +1,30 @@
 """What the CPU pool's policies (`SlotLRUPolicy`, `SlotSievePolicy`,
 `SlotARCPolicy`) share: values are slot numbers in `0..capacity-1`, each used by at
-most one entry at a time, so a plain dict maps key -> slot and everything else lives
-in per-slot arrays the subclass lays out (links, flags).
+most one entry at a time, so an index maps key -> slot and everything else lives in
+per-slot arrays the subclass lays out (links, flags).
+
+The index: with the optional C helper (`kvtiers.policies._slotlinks`, see
+`slot_links`) a `SlotIndex`, an open-addressing table of int32 slot numbers that
+finds keys through the slot -> key list (~10 bytes per entry at the pool's size,
+values returned as new ints); without it a plain dict (~52 bytes per entry plus an
+int object per value). The policies write `keys[slot]` as the dict path needs it and
+remove an entry from the index before clearing its key (the C index finds entries
+through that list).
 
 CPython dicts never shrink, and churn (insert + delete) makes them resize to 3x
 their live size: `_count_inserts` rebuilds the dict in place every `len/2`
 insertions, which keeps it at its compact size for about two entry copies per
-insertion (and keeps the bound `get` valid). Slot numbers do not survive a restart,
-so these policies refuse `restore`: persistent tiers restore the dict-based policies.
+insertion (and keeps the bound `get` valid); the C table never grows. Slot numbers
+do not survive a restart, so these policies refuse `restore`: persistent tiers
+restore the dict-based policies.
 """
-
 from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
+from kvtiers.policies import slot_links
 from kvtiers.policies.base import EvictionPolicy
 
 
@@ -33,10 +42,17 @@ class SlotIndexPolicy(EvictionPolicy):
         super().__init__(capacity)
         self._slots = capacity
         self._keys: list[Hashable | None] = [None] * capacity
-        self._index: dict[Hashable, int] = {}
+        native = slot_links.native()
+        # (The C index has the dict methods these policies use.)
+        self._index: dict[Hashable, int] = (
+            {} if native is None else cast("dict[Hashable, int]", native.SlotIndex(self._keys))
+        )
         # Bound once: the manager calls `get` for every block it looks up.
         self.get = self._index.get  # type: ignore[method-assign, assignment]
         self._inserts = 0
+        # The batch list moves (pin_many, ...): C when built, else Python.
+        self._move = slot_links.move_function()
+        self._gather = slot_links.gather_function()
 
     def _init_links(self, sentinels: int) -> None:
         """Doubly linked lists threaded through two int32 arrays indexed by slot,
@@ -78,6 +94,9 @@ class SlotIndexPolicy(EvictionPolicy):
 
     def _compact(self) -> None:
         index = self._index
+        if type(index) is not dict:  # the C table never grows
+            self._inserts = 0
+            return
         fresh = dict(index)
         index.clear()
         index.update(fresh)

@@ -1,15 +1,14 @@
 """Least recently used, for a CPU pool whose values are slot numbers.
 
-The same policy as `LRUPolicy`, laid out for the scheduler's memory budget: a plain
-dict maps key -> slot, and recency is a doubly linked list threaded through two
-int32 arrays indexed by slot (plus a slot -> key list for eviction). An OrderedDict
-costs ~120-150 bytes per entry under churn; this costs the dict entry (~52 bytes,
-kept compact, see below), 8 bytes of links and 8 of back-reference.
+The same policy as `LRUPolicy`, laid out for the scheduler's memory budget: an
+index maps key -> slot (`slot_index`: the C table, ~10 bytes per entry, or a dict,
+~52 plus the value's int object), and recency is a doubly linked list threaded
+through two int32 arrays indexed by slot (plus a slot -> key list for eviction and a
+pinned byte). An OrderedDict costs ~120-150 bytes per entry under churn; this costs
+the index entry, 8 bytes of links, 8 of back-reference and 1.
 
 Pinned entries are unlinked, so eviction walks unpinned entries only: O(1) per
-victim. CPython dicts never shrink, and churn (insert + delete) makes them resize to
-3x their live size; rebuilding the dict in place every `len/2` insertions keeps it
-at its compact size, for an amortised cost of about two entry copies per insertion.
+victim. The batch calls are one `slot_links.move` each (C when built).
 """
 
 from __future__ import annotations
@@ -18,6 +17,12 @@ from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, cast
 
 from kvtiers.policies.slot_index import SlotIndexPolicy
+from kvtiers.policies.slot_links import LINK, UNLINK, table
+
+# The batch calls as list moves over the pinned byte (see `slot_links.move`).
+_PIN = table(2, {0: (1, UNLINK)})
+_UNPIN = table(2, {1: (0, LINK)})
+_TOUCH = table(2, {0: (0, UNLINK | LINK)})
 
 
 class SlotLRUPolicy(SlotIndexPolicy):
@@ -33,6 +38,7 @@ class SlotLRUPolicy(SlotIndexPolicy):
         head = capacity  # sentinel: next[head] is the oldest, prev[head] the newest
         self._head = head
         self._init_links(1)
+        self._heads = (head, head)
         self._pinned = bytearray(capacity)
         self.pinned_count = 0
 
@@ -88,60 +94,25 @@ class SlotLRUPolicy(SlotIndexPolicy):
         nxt[slot] = head
         prev[head] = slot
 
-    # Batch forms (the pool calls these per engine call): the single calls' code,
-    # inlined in one loop.
+    # Batch forms (the pool calls these per engine call): one list move per call
+    # (`slot_links.move`, C when built).
 
     def pin_many(self, keys: Iterable[Hashable]) -> None:
-        get, pinned, prev, nxt = self._index.get, self._pinned, self._prev, self._next
-        count = 0
-        for key in keys:
-            slot = get(key)
-            if slot is None or pinned[slot]:
-                continue
-            pinned[slot] = 1
-            count += 1
-            p = prev[slot]
-            n = nxt[slot]
-            nxt[p] = n
-            prev[n] = p
-        self.pinned_count += count
+        slots = list(map(self._index.get, keys))
+        moved = self._move(self._pinned, self._prev, self._next, slots, _PIN, self._heads)
+        self.pinned_count += moved[0]
 
     def unpin_many(self, keys: Iterable[Hashable]) -> None:
-        get, pinned, head = self._index.get, self._pinned, self._head
-        prev, nxt = self._prev, self._next
-        count = 0
-        for key in keys:
-            slot = get(key)
-            if slot is None or not pinned[slot]:
-                continue
-            pinned[slot] = 0
-            count += 1
-            last = prev[head]
-            nxt[last] = slot
-            prev[slot] = last
-            nxt[slot] = head
-            prev[head] = slot
-        self.pinned_count -= count
+        slots = list(map(self._index.get, keys))
+        moved = self._move(self._pinned, self._prev, self._next, slots, _UNPIN, self._heads)
+        self.pinned_count -= moved[1]
 
     def touch_many(self, keys: Iterable[Hashable]) -> None:
         found = list(map(self._index.get, keys))
         slots = cast("list[int]", [s for s in found if s is not None] if None in found else found)
-        pinned = self._pinned
-        if not bytes(map(pinned.__getitem__, slots)).count(0):
+        if not self._gather(self._pinned, slots).count(0):
             return  # all pinned (an engine touches what it just loaded): nothing moves
-        prev, nxt, head = self._prev, self._next, self._head
-        for slot in slots:
-            if pinned[slot]:
-                continue
-            p = prev[slot]
-            n = nxt[slot]
-            nxt[p] = n
-            prev[n] = p
-            last = prev[head]
-            nxt[last] = slot
-            prev[slot] = last
-            nxt[slot] = head
-            prev[head] = slot
+        self._move(self._pinned, self._prev, self._next, slots, _TOUCH, self._heads)
 
     def insert_pinned(self, keys: Iterable[Hashable], values: Iterable[Any]) -> None:
         index, klist, pinned, limit = self._index, self._keys, self._pinned, self._head
@@ -164,8 +135,8 @@ class SlotLRUPolicy(SlotIndexPolicy):
         slot = nxt[head]
         while slot != head and len(victims) < n:
             key = keys[slot]
+            del index[key]  # first: a C index finds the entry through keys
             keys[slot] = None
-            del index[key]
             victims.append((key, slot))
             slot = nxt[slot]
         nxt[head] = slot

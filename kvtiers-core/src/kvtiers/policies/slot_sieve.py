@@ -5,9 +5,10 @@
 hand in this sweep) and `_behind` (survivors it passed). Here the queue is one doubly
 linked list threaded through int32 arrays indexed by slot, oldest first, `behind`
 then `ahead`; the hand is the slot where `ahead` starts (the sentinel when `ahead` is
-empty). A key -> slot dict (kept compact, see `slot_lru`), a slot -> key list and one
-byte each for "visited" and "pinned" complete it: ~70 bytes per entry, where the
-ordered dicts and the visited set cost ~300 under churn.
+empty). A key -> slot index (`slot_index`: the C table or a compact dict), a slot ->
+key list and one byte each for "visited" and "pinned" complete it: ~28 bytes per
+entry with the C index, ~70 with the dict, where the ordered dicts and the visited
+set cost ~300 under churn.
 
 Pinned entries are unlinked (their visited byte stays), so the hand never meets them:
 eviction is O(1) amortised per victim whatever share is pinned.
@@ -113,8 +114,8 @@ class SlotSievePolicy(SlotIndexPolicy):
             nxt[p] = hand
             prev[hand] = p
             key = keys[slot]
+            del index[key]  # first: a C index finds the entry through keys
             keys[slot] = None
-            del index[key]
             victims.append((key, slot))
         self._hand = hand
         self.examined += len(victims) + passed
