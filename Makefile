@@ -11,8 +11,11 @@ VLLM_STAMP := $(VENV)/.installed-vllm
 # so are the example plugins whose tests live under tests/ (tests/redis).
 DISTS := $(wildcard kvtiers-*/pyproject.toml)
 EXAMPLE_DISTS := examples/kvtiers-redis/pyproject.toml
+# the optional C helpers, built in place by the editable installs: a change rebuilds
+NATIVE := $(wildcard kvtiers-*/setup.py kvtiers-*/src/*/*.c kvtiers-*/src/*/*/*.c \
+                     kvtiers-*/src/*/*/*.h)
 
-$(STAMP): requirements-dev.txt $(DISTS) $(EXAMPLE_DISTS)
+$(STAMP): requirements-dev.txt $(DISTS) $(EXAMPLE_DISTS) $(NATIVE)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: an unpinned resolve pulls a multi-GB CUDA build. The
 	# distributions do not depend on it (kvtiers-core[torch] is an extra); dev and CI
