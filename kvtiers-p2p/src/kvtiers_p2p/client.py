@@ -24,9 +24,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -51,12 +52,30 @@ from kvtiers_p2p.protocol import (
     State,
     Store,
     StoreDone,
+    Touch,
     TransferDone,
     Welcome,
 )
 from kvtiers_p2p.security import CurveKeys
 
-__all__ = ["LinkDown", "LinkOptions", "PeerLink"]
+__all__ = ["LinkDown", "LinkOptions", "PeerLink", "off_loop"]
+
+_T = TypeVar("_T")
+
+#: what `asyncio.wait_for` raises: the builtin TimeoutError from 3.11, its own
+#: class on 3.10 (where the two differ)
+_WaitTimeout = asyncio.TimeoutError  # noqa: UP041
+
+
+async def off_loop(executor: Executor, fn: Callable[..., _T], *args: Any) -> _T:
+    """`fn(*args)` on `executor`, awaited. Cancelled, it still waits for `fn` to
+    return: a job must never end while a thread still touches its slots."""
+    work = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
 
 
 class LinkDown(ConnectionError):
@@ -81,8 +100,12 @@ class PeerLink:
 
     def __init__(self, endpoint: str, hello: Hello, pool: PoolView, *,
                  context: zmq.asyncio.Context, options: LinkOptions = LinkOptions(),
-                 curve: CurveKeys | None = None, logger: logging.Logger | None = None):
+                 curve: CurveKeys | None = None, logger: logging.Logger | None = None,
+                 lander: Executor | None = None):
         self.endpoint = endpoint
+        # Where arriving blocks are copied into their slots and verified: threads,
+        # so the loop goes on receiving meanwhile (None: on the loop).
+        self._lander = lander
         self._hello = hello
         self._pool = pool
         self._zctx = context
@@ -96,6 +119,7 @@ class PeerLink:
         self.sessions = 0  # sessions that reached ready (tests watch reconnects)
         self.max_fetch = MAX_KEYS  # the server's, from its Welcome
         self.accepts_stores = False  # likewise
+        self.capacity_bytes = 0  # likewise: its pool's, when it accepts stores
         self._sock: zmq.asyncio.Socket | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
@@ -134,7 +158,7 @@ class PeerLink:
             assert self._sock is not None
             await self._sock.send(encode(Lookup(req, list(keys))), zmq.NOBLOCK)
             reply: LookupReply = await asyncio.wait_for(future, self._opt.lookup_timeout_s)
-        except (TimeoutError, LinkDown, ProtocolError, zmq.ZMQError):
+        except (_WaitTimeout, LinkDown, ProtocolError, zmq.ZMQError):
             return None
         finally:
             self._pending.pop(req, None)
@@ -168,42 +192,53 @@ class PeerLink:
             assert self._sock is not None
             await self._sock.send(encode(Fetch(req, list(keys), list(slots))), zmq.NOBLOCK)
             done, frames = await asyncio.wait_for(future, timeout)
-        except TimeoutError:
+        except _WaitTimeout:
             self._abort(req)
             return [FailureReason.TIMEOUT] * n
         except (LinkDown, ProtocolError, zmq.ZMQError):
             return [FailureReason.IO] * n
         finally:
             self._pending.pop(req, None)
-        return self._land(done, frames, slots)
+        if self._lander is None:
+            return self._land(done, frames, slots)
+        return await off_loop(self._lander, self._land, done, frames, slots)
 
-    async def push(self, keys: Sequence[BlockKey], blocks: Sequence[memoryview],
-                   timeout: float) -> list[Outcome]:
-        """Have a server that `accepts_stores` keep `blocks` (one per key); one
-        outcome per key. The blocks are copied into ZeroMQ's messages before the
-        send returns, so the slots they come from are free again once it did."""
+    async def push(self, keys: Sequence[BlockKey], blocks: Sequence[bytes],
+                   sums: Sequence[int], timeout: float
+                   ) -> tuple[list[Outcome], StoreDone | None]:
+        """Have a server that `accepts_stores` keep `blocks` (copies of the slots,
+        one per key, `sums` their checksums): one outcome per key (None: held there
+        now, copied or held already: `done.states` says which), and the server's
+        `StoreDone` (None when none came)."""
         n = len(keys)
         if not self.ready or not self.accepts_stores:
-            return [FailureReason.REJECTED] * n
+            return [FailureReason.REJECTED] * n, None
         if timeout <= 0:
-            return [FailureReason.TIMEOUT] * n
+            return [FailureReason.TIMEOUT] * n, None
         req, future = self._request()
         try:
             assert self._sock is not None
-            sums = [checksum(b) for b in blocks]
-            header = encode(Store(req, list(keys), sums))
-            await self._sock.send_multipart([header, *blocks], zmq.NOBLOCK, copy=True)
+            header = encode(Store(req, list(keys), list(sums)))
+            await self._sock.send_multipart([header, *blocks], zmq.NOBLOCK, copy=False)
             done: StoreDone = await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            return [FailureReason.TIMEOUT] * n
+        except _WaitTimeout:
+            return [FailureReason.TIMEOUT] * n, None
         except (LinkDown, ProtocolError, zmq.ZMQError):
-            return [FailureReason.IO] * n
+            return [FailureReason.IO] * n, None
         finally:
             self._pending.pop(req, None)
         if len(done.states) != n:
-            return [FailureReason.IO] * n
-        return [None if st == State.PRESENT else FailureReason.CORRUPT if st == State.CORRUPT
-                else FailureReason.FULL for st in done.states]
+            return [FailureReason.IO] * n, None
+        return [None if st in (State.PRESENT, State.HELD) else FailureReason.CORRUPT
+                if st == State.CORRUPT else FailureReason.FULL for st in done.states], done
+
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """Tell a server that `accepts_stores` these blocks were used (loop thread;
+        no reply, dropped when the link is down)."""
+        sock = self._sock
+        if sock is not None and self.ready and self.accepts_stores and keys:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.send(encode(Touch(list(keys)[:MAX_KEYS])), zmq.NOBLOCK)
 
     def _request(self) -> tuple[int, asyncio.Future[Any]]:
         req = next(self._ids)
@@ -326,6 +361,7 @@ class PeerLink:
                 self.peer_id = message.peer_id
                 self.max_fetch = message.max_fetch
                 self.accepts_stores = message.accepts_stores
+                self.capacity_bytes = message.capacity_bytes
                 self.sessions += 1
                 self.reason = ""
                 self.ready_event.set()

@@ -55,13 +55,14 @@ __all__ = [
     "State",
     "Store",
     "StoreDone",
+    "Touch",
     "TransferDone",
     "Welcome",
 ]
 
 #: bumped on any change of a message's fields or meaning; peers of other versions
 #: are refused at the handshake
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: keys in one Lookup or Fetch (one job is at most the manager's max_job_blocks)
 MAX_KEYS = 4096
@@ -98,7 +99,8 @@ class State:
     PENDING = 2  # being written into the server's pool: ask again soon (lookup)
     REFUSED = 3  # over the puller's pin budget, no room, or not accepted (transfer, store)
     CORRUPT = 4  # a pushed block failed verification on arrival (store)
-    MAX = 4
+    HELD = 5  # held there already: kept as it was, nothing copied (store)
+    MAX = 5
 
 
 class _Message(msgspec.Struct, array_like=True, forbid_unknown_fields=True, tag_field="t"):
@@ -141,6 +143,9 @@ class Welcome(_Message, tag="welcome"):
     max_fetch: Annotated[int, msgspec.Meta(ge=1, le=MAX_KEYS)] = MAX_KEYS
     #: the server takes `Store`s into its pool (a `kvtiers serve` cache node)
     accepts_stores: bool = False
+    #: with `accepts_stores`: the bytes of blocks its pool holds (what a pushing
+    #: tier reports as its capacity)
+    capacity_bytes: _Size = 0
 
 
 class Refused(_Message, tag="refused"):
@@ -189,11 +194,22 @@ class Store(_Message, tag="store"):
 
 
 class StoreDone(_Message, tag="stored"):
-    """Per key of a `Store`: PRESENT (held now), REFUSED (no room, or the server
-    takes no stores) or CORRUPT (its bytes did not match its checksum)."""
+    """Per key of a `Store`: PRESENT (copied, held now), HELD (held already, kept as
+    it was), REFUSED (no room, or the server takes no stores) or CORRUPT (its bytes
+    did not match its checksum). `evicted`: the blocks the server's pool dropped to
+    make room for these; `usage_bytes`: the bytes of blocks its pool holds now."""
 
     req: _Req
     states: _States
+    evicted: _Keys = msgspec.field(default_factory=list)
+    usage_bytes: _Size = 0
+
+
+class Touch(_Message, tag="touch"):
+    """Puller -> a server that `accepts_stores`: these blocks were used; refresh
+    their recency in its pool (no reply; unknown keys are ignored)."""
+
+    keys: _Keys
 
 
 class Abort(_Message, tag="abort"):
@@ -222,7 +238,7 @@ class ErrorReply(_Message, tag="error"):
 
 
 #: what a server accepts
-ClientMessage = Hello | Lookup | Fetch | Store | Abort | KeepAlive | Disconnect
+ClientMessage = Hello | Lookup | Fetch | Store | Touch | Abort | KeepAlive | Disconnect
 #: what a puller accepts
 ServerMessage = (
     Welcome | Refused | LookupReply | TransferDone | StoreDone | KeepAlive | Disconnect

@@ -41,6 +41,7 @@ from typing import Any
 import msgspec
 import zmq
 from kvtiers.integrity import checksum
+from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.parent import ParentManager
 from kvtiers.pool_view import PoolView
@@ -62,6 +63,7 @@ from kvtiers_p2p.protocol import (
     State,
     Store,
     StoreDone,
+    Touch,
     TransferDone,
     Welcome,
 )
@@ -93,6 +95,7 @@ class PeerServer:
         self._limits = limits
         self._curve = curve
         self._sink = sink
+        self._capacity_bytes = pool.num_slots * pool.block_bytes if sink is not None else 0
         self._log = logger or logging.getLogger("kvtiers.p2p.server")
         self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
         self._sessions: dict[bytes, Session] = {}
@@ -213,6 +216,8 @@ class PeerServer:
             self._fetch(sock, ident, session, message, now)
         elif isinstance(message, Store):
             self._store(sock, ident, message, blocks)
+        elif isinstance(message, Touch):
+            self._touch(message)
         elif isinstance(message, KeepAlive):
             if message.reply:
                 self._send(sock, ident, KeepAlive(message.seq))
@@ -242,7 +247,8 @@ class PeerServer:
                           self._pool.slot_bytes)
         self._send(sock, ident, Welcome(self._identity.peer_id, self._limits.keepalive_s, plane,
                                         min(self._max_pinned, MAX_KEYS),
-                                        accepts_stores=self._sink is not None))
+                                        accepts_stores=self._sink is not None,
+                                        capacity_bytes=self._capacity_bytes))
 
     def _lookup(self, sock: zmq.Socket[bytes], ident: bytes, lookup: Lookup) -> None:
         self.counters["lookups"] += 1
@@ -310,6 +316,8 @@ class PeerServer:
                       f"store {store.req}: {len(blocks)} frames for {n} blocks of {bb} bytes")
             return
         states = bytearray([State.REFUSED] * n)
+        evicted: list[BlockKey] = []
+        usage = 0
         if self._sink is not None:
             good = []
             for i, block in enumerate(blocks):
@@ -318,11 +326,20 @@ class PeerServer:
                 else:
                     states[i] = State.CORRUPT
             if good:
-                held = self._sink([store.keys[i] for i in good], [blocks[i].buffer for i in good])
-                for i, ok in zip(good, held, strict=True):
-                    states[i] = State.PRESENT if ok else State.REFUSED
-                self.counters["blocks_stored"] += sum(held)
-        self._send(sock, ident, StoreDone(store.req, bytes(states)))
+                answer = self._sink([store.keys[i] for i in good],
+                                    [blocks[i].buffer for i in good])
+                for i, state in zip(good, answer.states, strict=True):
+                    states[i] = state
+                self.counters["blocks_stored"] += answer.states.count(State.PRESENT)
+                evicted, usage = answer.evicted[:MAX_KEYS], answer.usage_bytes
+        self._send(sock, ident, StoreDone(store.req, bytes(states), evicted, usage))
+
+    def _touch(self, touch: Touch) -> None:
+        """Refresh recency in the parent's pool, when the parent can (a manager's
+        `touch`; a `ParentManager` need not have one)."""
+        refresh = getattr(self._parent, "touch", None)
+        if self._sink is not None and callable(refresh):
+            refresh(touch.keys)
 
     # Housekeeping: pins whose frames ZeroMQ released, sessions gone silent.
 

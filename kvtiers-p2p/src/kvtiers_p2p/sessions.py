@@ -9,12 +9,24 @@ from dataclasses import dataclass, field
 import zmq
 from kvtiers.keys import BlockKey
 
-__all__ = ["ServeLimits", "Session", "Shipment", "StoreSink"]
+__all__ = ["ServeLimits", "Session", "Shipment", "StoreAnswer", "StoreSink"]
 
-#: where a cache node keeps blocks peers push (`Store`): `sink(keys, blocks)` -> per
-#: key, whether it is held now (stored, or held already). Called on the server
-#: thread with verified blocks; it copies them before it returns.
-StoreSink = Callable[[Sequence[BlockKey], Sequence[memoryview]], list[bool]]
+
+@dataclass(frozen=True, slots=True)
+class StoreAnswer:
+    """What a `StoreSink` did: per key a `State` (PRESENT: copied, HELD: held
+    already, REFUSED: no room), the blocks its pool dropped to make room, and the
+    bytes of blocks its pool holds now."""
+
+    states: list[int]
+    evicted: list[BlockKey] = field(default_factory=list)
+    usage_bytes: int = 0
+
+
+#: where a cache node keeps blocks peers push (`Store`): `sink(keys, blocks)`.
+#: Called on the server thread with verified blocks; it copies them before it
+#: returns.
+StoreSink = Callable[[Sequence[BlockKey], Sequence[memoryview]], StoreAnswer]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,79 @@
+"""The shared conformance suite against the p2p tier in its storing role: an
+engine's tier that pushes (`"push": true`) into a real `kvtiers serve` cache node
+in a process of its own, and pulls from it. The node's pool is the storage: each
+capacity the suite asks for is a node of that many bytes (started on first use
+in a test, killed at its end). Verifying (corrupt: a byte of the block flipped
+while the node ships it) and shared (sibling: a second engine on the same node);
+not persistent (the node's pool is memory)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+from kvtiers import SecondaryTier, TierContext
+from kvtiers.keys import BlockKey
+from kvtiers.testing import TierConformance
+from kvtiers_p2p.tier import P2PTier
+
+from tests.p2p.engine import FAST
+from tests.p2p.nodes import Node
+
+
+class TestP2PTierConformance(TierConformance):
+    concurrent_jobs = True
+    #: the node ships frames from its pool; the puller copies them into slots through
+    #: PoolView.block() on its loop: gated like any tier
+    gated_pool = True
+    block_bytes: ClassVar[int] = 16384
+
+    @pytest.fixture(autouse=True)
+    def _nodes(self) -> Iterator[None]:
+        self.nodes: dict[tuple[int, str], Node] = {}
+        yield
+        for node in self.nodes.values():
+            node.kill()
+
+    def node(self, capacity_bytes: int, model: str) -> Node:
+        """The node of this test that holds `capacity_bytes` of `model`'s blocks."""
+        node = self.nodes.get((capacity_bytes, model))
+        if node is None:
+            config = {"cpu_bytes_to_use": capacity_bytes, "eviction_policy": "lru",
+                      "secondary_tiers": [{"type": "p2p", "port": 0, **FAST}]}
+            node = Node(config, self.tmp_path, model=model, block_bytes=self.block_bytes)
+            self.nodes[capacity_bytes, model] = node
+        return node
+
+    def make_tier(self, ctx: TierContext, capacity_bytes: int) -> SecondaryTier:
+        """A tier pushing into the node of its model, that knows the nodes of the
+        other models too (they refuse it at the handshake: another namespace)."""
+        own = self.node(capacity_bytes, ctx.namespace.model)
+        others = [n.endpoint for (cap, _), n in self.nodes.items()
+                  if cap == capacity_bytes and n is not own]
+        tier = P2PTier(ctx, {"peers": [own.endpoint, *others], "push": True, **FAST})
+        assert _wait_ready(tier), "the tier did not connect to its node"
+        return tier
+
+    def sibling(self, tier: SecondaryTier, ctx: TierContext) -> SecondaryTier:
+        sib = P2PTier(ctx, tier.config)
+        assert _wait_ready(sib)
+        return sib
+
+    def corrupt(self, tier: SecondaryTier, key: BlockKey) -> None:
+        assert isinstance(tier, P2PTier)
+        raise NotImplementedError
+
+
+def _wait_ready(tier: P2PTier, timeout: float = 30.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any(link.ready for link in tier.links.values()):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+_ = Any
