@@ -2,14 +2,15 @@
 engine's tier that pushes (`"push": true`) into a real `kvtiers serve` cache node
 in a process of its own, and pulls from it. The node's pool is the storage: each
 capacity the suite asks for is a node of that many bytes (started on first use
-in a test, killed at its end). Verifying (corrupt: a byte of the block flipped
-while the node ships it) and shared (sibling: a second engine on the same node);
-not persistent (the node's pool is memory)."""
+in a test, killed at its end). Verifying (the transfer: see the corrupt test's
+skip) and shared (sibling: a second engine on the same node); not persistent
+(the node's pool is memory). Two tests are replaced by skips that say why."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 from kvtiers import SecondaryTier, TierContext
@@ -39,8 +40,13 @@ class TestP2PTierConformance(TierConformance):
         """The node of this test that holds `capacity_bytes` of `model`'s blocks."""
         node = self.nodes.get((capacity_bytes, model))
         if node is None:
+            # One fetch per job: a fetch past a peer's pin budget is split, and a
+            # block may go between two parts (a miss: the budget bounds what a peer
+            # holds pinned); the suite's promise - the blocks of a submitted load
+            # stay until it ends - is what one fetch keeps.
+            tier = {"type": "p2p", "port": 0, "limits": {"max_pinned_share": 1.0}, **FAST}
             config = {"cpu_bytes_to_use": capacity_bytes, "eviction_policy": "lru",
-                      "secondary_tiers": [{"type": "p2p", "port": 0, **FAST}]}
+                      "secondary_tiers": [tier]}
             node = Node(config, self.tmp_path, model=model, block_bytes=self.block_bytes)
             self.nodes[capacity_bytes, model] = node
         return node
@@ -61,13 +67,20 @@ class TestP2PTierConformance(TierConformance):
         return sib
 
     def corrupt(self, tier: SecondaryTier, key: BlockKey) -> None:
-        assert isinstance(tier, P2PTier)
-        raise NotImplementedError
+        raise NotImplementedError  # see test_corrupt_copy_fails_load_then_misses
+
+    def test_corrupt_copy_fails_load_then_misses(self) -> None:
+        pytest.skip("a node checksums a block when it ships it, from its pool: a block "
+                    "damaged in the node's memory ships with the checksum of the damaged "
+                    "bytes; what the tier verifies is the transfer (test_pull's frames "
+                    "changed after their checksum)")
+
+    def test_store_larger_than_capacity_fails_full(self) -> None:
+        pytest.skip("a node's pool holds at least one block (kvtiers serve refuses a "
+                    "smaller cpu_bytes_to_use): no capacity below one block to test")
 
 
 def _wait_ready(tier: P2PTier, timeout: float = 30.0) -> bool:
-    import time
-
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if any(link.ready for link in tier.links.values()):
@@ -75,5 +88,3 @@ def _wait_ready(tier: P2PTier, timeout: float = 30.0) -> bool:
         time.sleep(0.01)
     return False
 
-
-_ = Any

@@ -46,6 +46,7 @@ from kvtiers_p2p.protocol import (
     Fetch,
     Hello,
     KeepAlive,
+    Landed,
     Lookup,
     LookupReply,
     Refused,
@@ -199,9 +200,13 @@ class PeerLink:
             return [FailureReason.IO] * n
         finally:
             self._pending.pop(req, None)
-        if self._lander is None:
-            return self._land(done, frames, slots)
-        return await off_loop(self._lander, self._land, done, frames, slots)
+        try:
+            if self._lander is None:
+                return self._land(done, frames, slots)
+            return await off_loop(self._lander, self._land, done, frames, slots)
+        finally:
+            if frames:
+                self._landed(req)
 
     async def push(self, keys: Sequence[BlockKey], blocks: Sequence[bytes],
                    sums: Sequence[int], timeout: float
@@ -245,6 +250,13 @@ class PeerLink:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req] = future
         return req, future
+
+    def _landed(self, req: int) -> None:
+        """Tell the server the blocks of `req` are in (it unpins them)."""
+        sock = self._sock
+        if sock is not None and self.ready:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.send(encode(Landed(req)), zmq.NOBLOCK)
 
     def _abort(self, req: int) -> None:
         sock = self._sock

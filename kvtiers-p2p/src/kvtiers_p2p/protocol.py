@@ -48,6 +48,7 @@ __all__ = [
     "Fetch",
     "Hello",
     "KeepAlive",
+    "Landed",
     "Lookup",
     "LookupReply",
     "Refused",
@@ -214,7 +215,15 @@ class Touch(_Message, tag="touch"):
 
 class Abort(_Message, tag="abort"):
     """Puller -> server: it gave up on `req` (deadline); a late `TransferDone` for
-    it is dropped."""
+    it is dropped. The blocks shipped for it are unpinned."""
+
+    req: _Req
+
+
+class Landed(_Message, tag="landed"):
+    """Puller -> server: the blocks of fetch `req` are in its slots (verified or
+    not): the server unpins them. Until then they stay pinned (at most its pin
+    timeout): what a lookup called a hit stays until the load has read it."""
 
     req: _Req
 
@@ -238,7 +247,9 @@ class ErrorReply(_Message, tag="error"):
 
 
 #: what a server accepts
-ClientMessage = Hello | Lookup | Fetch | Store | Touch | Abort | KeepAlive | Disconnect
+ClientMessage = (
+    Hello | Lookup | Fetch | Store | Touch | Landed | Abort | KeepAlive | Disconnect
+)
 #: what a puller accepts
 ServerMessage = (
     Welcome | Refused | LookupReply | TransferDone | StoreDone | KeepAlive | Disconnect

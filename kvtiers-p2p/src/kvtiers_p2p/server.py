@@ -14,13 +14,15 @@ puller that this side dropped (or restarted without) says hello again.
   pinned with `parent.create_store_job` (all or nothing: re-tried once with a fresh
   lookup when a block went meanwhile), within the peer's pin budget (a share of the
   pool); their bytes go out as zero-copy frames after a `TransferDone` that carries
-  each block's checksum. The pins are released (`complete_store_job`) when ZeroMQ
-  has let go of the frames, or after `pin_timeout_s` in any case: a block changed
-  under a frame still queued then fails its checksum at the puller - a miss, never
-  wrong bytes.
+  each block's checksum. The pins are released (`complete_store_job`) when the
+  puller says the blocks landed (`Landed`) or gave up (`Abort`), or after
+  `pin_timeout_s` in any case: a block changed under a frame still queued then
+  fails its checksum at the puller - a miss, never wrong bytes. Until then, what
+  a lookup called a hit stays: a store cannot evict it while the load reads it.
 - `Store` (only with a `sink`: a `kvtiers serve` cache node): each pushed block is
   verified against its checksum, then handed to the sink, which keeps it in the
-  node's pool; without a sink every key is REFUSED.
+  node's pool (HELD when it was there already) and says what it evicted; without
+  a sink every key is REFUSED. `Touch` refreshes recency in such a node's pool.
 - A session silent past `session_timeout_s`, or that says `Disconnect`, is dropped
   with its pins. `close` says `Disconnect` to every session and releases all pins.
 
@@ -57,6 +59,7 @@ from kvtiers_p2p.protocol import (
     Fetch,
     Hello,
     KeepAlive,
+    Landed,
     Lookup,
     LookupReply,
     Refused,
@@ -221,8 +224,8 @@ class PeerServer:
         elif isinstance(message, KeepAlive):
             if message.reply:
                 self._send(sock, ident, KeepAlive(message.seq))
-        elif isinstance(message, Abort):
-            pass  # its frames are queued already; the pins go when ZeroMQ lets go of them
+        elif isinstance(message, (Landed, Abort)):
+            self._release(session, message.req)
         elif isinstance(message, Disconnect):
             self._drop(ident, why=f"said goodbye ({message.reason[:100]})")
 
@@ -265,7 +268,7 @@ class PeerServer:
     def _fetch(self, sock: zmq.Socket[bytes], ident: bytes, session: Session,
                fetch: Fetch, now: float) -> None:
         self.counters["fetches"] += 1
-        self._settle(session, now)  # what ZeroMQ let go of since is not pinned any more
+        self._settle(session, now)  # pins past their timeout go first
         try:
             check_slots(fetch, session.num_slots)
         except ProtocolError as exc:
@@ -291,7 +294,7 @@ class PeerServer:
             self._send(sock, ident, TransferDone(fetch.req, bytes(states), []))
             return
         block = self._pool.block
-        frames = [zmq.Frame(block(slot), track=True) for slot in job.slots]
+        frames = [zmq.Frame(block(slot)) for slot in job.slots]
         sums = [checksum(block(slot)) for slot in job.slots]
         for i in wanted:
             states[i] = State.PRESENT
@@ -300,10 +303,9 @@ class PeerServer:
             sock.send_multipart([ident, header, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # full or gone: the peer times out and retries
             self._log.debug("could not ship to %r: %s", session.peer_id[:100], exc)
-        tracker = zmq.MessageTracker(*frames)
         session.pinned += len(frames)
         session.shipments.append(
-            Shipment(job.job_id, len(frames), tracker, now + self._limits.pin_timeout_s))
+            Shipment(job.job_id, len(frames), fetch.req, now + self._limits.pin_timeout_s))
         self.counters["blocks_shipped"] += len(frames)
         self.counters["bytes_shipped"] += len(frames) * self._pool.block_bytes
 
@@ -352,12 +354,17 @@ class PeerServer:
             if session.shipments:
                 self._settle(session, now)
 
+    def _release(self, session: Session, req: int) -> None:
+        """The peer is done with fetch `req`'s blocks (landed, or gave up)."""
+        for k, shipment in enumerate(session.shipments):
+            if shipment.req == req:
+                self._unpin(session, session.shipments.pop(k))
+                return
+
     def _settle(self, session: Session, now: float) -> None:
         kept = []
         for shipment in session.shipments:
-            if shipment.tracker.done:
-                self._unpin(session, shipment)
-            elif now > shipment.until:
+            if now > shipment.until:
                 self.counters["pin_timeouts"] += 1
                 self._unpin(session, shipment)
             else:

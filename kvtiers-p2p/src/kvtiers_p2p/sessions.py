@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import zmq
 from kvtiers.keys import BlockKey
 
 __all__ = ["ServeLimits", "Session", "Shipment", "StoreAnswer", "StoreSink"]
@@ -40,12 +39,12 @@ class ServeLimits:
 
 @dataclass(slots=True)
 class Shipment:
-    """Blocks shipped to a peer and still pinned: `tracker` says when ZeroMQ has
-    let go of their frames; `until` is when the pins go in any case."""
+    """Blocks shipped to a peer for its fetch `req`, pinned until it says they
+    landed (`Landed`, or `Abort`), its session ends, or `until` in any case."""
 
     job_id: int
     blocks: int
-    tracker: zmq.MessageTracker
+    req: int
     until: float
 
 
