@@ -38,9 +38,11 @@ from kvtiers.pool_view import PoolView
 from kvtiers.sdk.job import Outcome
 
 from kvtiers_p2p.codec import ProtocolError, decode_server, encode
+from kvtiers_p2p.nixl_plane import NixlPlane
 from kvtiers_p2p.protocol import (
     MAX_KEYS,
     Abort,
+    DataPlane,
     Disconnect,
     ErrorReply,
     Fetch,
@@ -102,8 +104,10 @@ class PeerLink:
     def __init__(self, endpoint: str, hello: Hello, pool: PoolView, *,
                  context: zmq.asyncio.Context, options: LinkOptions = LinkOptions(),
                  curve: CurveKeys | None = None, logger: logging.Logger | None = None,
-                 lander: Executor | None = None):
+                 lander: Executor | None = None, nixl: NixlPlane | None = None):
         self.endpoint = endpoint
+        self._nixl = nixl
+        self._remote: tuple[str, DataPlane] | None = None  # NIXL session: agent, plane
         # Where arriving blocks are copied into their slots and verified: threads,
         # so the loop goes on receiving meanwhile (None: on the loop).
         self._lander = lander
@@ -127,6 +131,7 @@ class PeerLink:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.ready_event = asyncio.Event()
+        self.plane = ""  # the session's data plane, from the Welcome
 
     @property
     def ready(self) -> bool:
@@ -200,12 +205,17 @@ class PeerLink:
             return [FailureReason.IO] * n
         finally:
             self._pending.pop(req, None)
+        remote = self._remote
         try:
+            if remote is not None:
+                assert self._lander is not None
+                return await off_loop(self._lander, self._read, remote, done, slots,
+                                      max(timeout, 0.1))
             if self._lander is None:
                 return self._land(done, frames, slots)
             return await off_loop(self._lander, self._land, done, frames, slots)
         finally:
-            if frames:
+            if done.checksums:
                 self._landed(req)
 
     async def push(self, keys: Sequence[BlockKey], blocks: Sequence[bytes],
@@ -295,6 +305,46 @@ class PeerLink:
                 out.append(FailureReason.MISSING)
         return out
 
+    def _read(self, remote: tuple[str, DataPlane], done: TransferDone,
+              slots: Sequence[int], timeout: float) -> list[Outcome]:
+        """The NIXL plane (a copier thread): READ the shipped blocks from the
+        server's slots into ours, one request, then verify each in its slot."""
+        n = len(slots)
+        agent, plane = remote
+        shipped = [i for i, state in enumerate(done.states) if state == State.PRESENT]
+        if len(done.states) != n or len(done.source_slots) != len(shipped) or any(
+                s >= plane.num_slots for s in done.source_slots):
+            self._log.warning("peer %s: a malformed transfer (%d states, %d source slots "
+                              "for %d keys); its keys fail", self.endpoint,
+                              len(done.states), len(done.source_slots), n)
+            return [FailureReason.IO] * n
+        out = self._outcomes(done.states)
+        if not shipped:
+            return out
+        assert self._nixl is not None
+        pairs = [(src, slots[i]) for src, i in zip(done.source_slots, shipped, strict=True)]
+        state = self._nixl.read(agent, plane, pairs, timeout)
+        if state != "DONE":
+            self._log.warning("peer %s: a NIXL read ended %s; its keys fail", self.endpoint,
+                              state)
+            failed = FailureReason.TIMEOUT if state == "TIMEOUT" else FailureReason.IO
+            for i in shipped:
+                out[i] = failed
+            return out
+        block = self._pool.block
+        for i, want in zip(shipped, done.checksums, strict=True):
+            if checksum(block(slots[i])) != want:
+                self._log.warning("peer %s: a block failed verification; a miss",
+                                  self.endpoint)
+                out[i] = FailureReason.CORRUPT
+        return out
+
+    @staticmethod
+    def _outcomes(states: bytes) -> list[Outcome]:
+        """Per key of a TransferDone: None for PRESENT (to be landed), else why not."""
+        return [None if st == State.PRESENT else FailureReason.REJECTED
+                if st == State.REFUSED else FailureReason.MISSING for st in states]
+
     # The supervisor.
 
     async def _supervise(self) -> None:
@@ -374,6 +424,17 @@ class PeerLink:
                 self.max_fetch = message.max_fetch
                 self.accepts_stores = message.accepts_stores
                 self.capacity_bytes = message.capacity_bytes
+                self.plane = message.data_plane.kind
+                self._remote = None
+                if self.plane == "nixl" and self._nixl is not None:
+                    try:
+                        agent = self._nixl.connect(message.data_plane)
+                    except Exception as exc:  # noqa: BLE001 - NIXL raises its own types
+                        self.reason = f"NIXL could not reach the peer's agent: {exc}"
+                        self._log.error("peer %s: %s", self.endpoint, self.reason)
+                        self.state = REFUSED
+                        return True
+                    self._remote = (agent, message.data_plane)
                 self.sessions += 1
                 self.reason = ""
                 self.ready_event.set()

@@ -110,8 +110,9 @@ class _Message(msgspec.Struct, array_like=True, forbid_unknown_fields=True, tag_
 
 class DataPlane(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     """How blocks reach a side's pool. `kind` "zmq": in frames after a
-    `TransferDone` on the control connection (`endpoint` unused). "nixl": by RDMA
-    writes into the registered region (`agent_metadata`, `base_addr`)."""
+    `TransferDone` on the control connection (`endpoint` unused). "nixl": the
+    puller READs them from the server's registered pool (`agent_metadata`,
+    `base_addr`: the server's, in its Welcome)."""
 
     kind: Literal["zmq", "nixl"]
     num_slots: _Count
@@ -177,11 +178,15 @@ class TransferDone(_Message, tag="done"):
     """The end of a `Fetch`: per key a `State`; `checksums[j]` is the xxh3-64 of
     the j-th PRESENT block (kvtiers.integrity), verified by the puller in its slot
     before the key succeeds. On the ZeroMQ plane, one frame per PRESENT key follows,
-    in order."""
+    in order; on the NIXL plane, `source_slots` say where the puller reads them."""
 
     req: _Req
     states: _States
     checksums: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)]
+    #: NIXL plane: the server's slot of the j-th PRESENT block (pinned until the
+    #: puller's `Landed`), which the puller READs; no frames follow
+    source_slots: Annotated[list[_Slot], msgspec.Meta(max_length=MAX_KEYS)] = (
+        msgspec.field(default_factory=list))
 
 
 class Store(_Message, tag="store"):

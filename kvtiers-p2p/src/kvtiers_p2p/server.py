@@ -50,6 +50,7 @@ from kvtiers.pool_view import PoolView
 
 from kvtiers_p2p.codec import ProtocolError, check_slots, decode_client, encode
 from kvtiers_p2p.handshake import Identity, choose_plane, refusal
+from kvtiers_p2p.nixl_plane import NixlPlane
 from kvtiers_p2p.protocol import (
     MAX_KEYS,
     Abort,
@@ -90,7 +91,7 @@ class PeerServer:
     def __init__(self, parent: ParentManager, pool: PoolView, identity: Identity, *,
                  bind: str, limits: ServeLimits = DEFAULT_LIMITS,
                  curve: CurveKeys | None = None, sink: StoreSink | None = None,
-                 logger: logging.Logger | None = None):
+                 logger: logging.Logger | None = None, nixl: NixlPlane | None = None):
         self._parent = parent
         self._pool = pool
         self._identity = identity
@@ -98,6 +99,7 @@ class PeerServer:
         self._limits = limits
         self._curve = curve
         self._sink = sink
+        self._nixl = nixl  # the NIXL plane: its agent has `pool` registered
         self._capacity_bytes = pool.num_slots * pool.block_bytes if sink is not None else 0
         self._log = logger or logging.getLogger("kvtiers.p2p.server")
         self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
@@ -243,11 +245,14 @@ class PeerServer:
             self._drop(ident, why=None)
         kind = choose_plane(self._identity.capabilities, hello.capabilities)
         assert kind is not None  # refusal() checked
-        self._sessions[ident] = Session(hello.peer_id, hello.data_plane.num_slots, now)
+        self._sessions[ident] = Session(hello.peer_id, hello.data_plane.num_slots, now,
+                                        plane=kind)
         self.counters["sessions"] += 1
         self._log.info("peer %r connected (data plane %s)", hello.peer_id[:100], kind)
-        plane = DataPlane("nixl" if kind == "nixl" else "zmq", self._pool.num_slots,
-                          self._pool.slot_bytes)
+        if kind == "nixl" and self._nixl is not None:
+            plane = self._nixl.descriptor()
+        else:
+            plane = DataPlane("zmq", self._pool.num_slots, self._pool.slot_bytes)
         self._send(sock, ident, Welcome(self._identity.peer_id, self._limits.keepalive_s, plane,
                                         min(self._max_pinned, MAX_KEYS),
                                         accepts_stores=self._sink is not None,
@@ -294,20 +299,25 @@ class PeerServer:
             self._send(sock, ident, TransferDone(fetch.req, bytes(states), []))
             return
         block = self._pool.block
-        frames = [zmq.Frame(block(slot)) for slot in job.slots]
         sums = [checksum(block(slot)) for slot in job.slots]
         for i in wanted:
             states[i] = State.PRESENT
-        header = encode(TransferDone(fetch.req, bytes(states), sums))
+        if session.plane == "nixl":  # the puller READs the pinned slots, then Landed
+            frames: list[zmq.Frame] = []
+            header = encode(TransferDone(fetch.req, bytes(states), sums, list(job.slots)))
+        else:
+            frames = [zmq.Frame(block(slot)) for slot in job.slots]
+            header = encode(TransferDone(fetch.req, bytes(states), sums))
         try:
             sock.send_multipart([ident, header, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # full or gone: the peer times out and retries
             self._log.debug("could not ship to %r: %s", session.peer_id[:100], exc)
-        session.pinned += len(frames)
+        n = len(job.slots)
+        session.pinned += n
         session.shipments.append(
-            Shipment(job.job_id, len(frames), fetch.req, now + self._limits.pin_timeout_s))
-        self.counters["blocks_shipped"] += len(frames)
-        self.counters["bytes_shipped"] += len(frames) * self._pool.block_bytes
+            Shipment(job.job_id, n, fetch.req, now + self._limits.pin_timeout_s))
+        self.counters["blocks_shipped"] += n
+        self.counters["bytes_shipped"] += n * self._pool.block_bytes
 
     def _store(self, sock: zmq.Socket[bytes], ident: bytes, store: Store,
                blocks: list[zmq.Frame]) -> None:

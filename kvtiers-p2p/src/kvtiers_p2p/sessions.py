@@ -51,10 +51,12 @@ class Shipment:
 @dataclass(slots=True)
 class Session:
     """One peer's session: its pool size (from its Hello), when it was last heard,
-    how many blocks it holds pinned, and the shipments holding them."""
+    its data plane ("zmq" or "nixl"), how many blocks it holds pinned, and the
+    shipments holding them."""
 
     peer_id: str
     num_slots: int
     heard: float
+    plane: str = "zmq"
     pinned: int = 0
     shipments: list[Shipment] = field(default_factory=list)

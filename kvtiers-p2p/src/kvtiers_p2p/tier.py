@@ -59,6 +59,7 @@ from kvtiers.tier import SecondaryTier, TierContext
 
 from kvtiers_p2p.client import LinkOptions, PeerLink, off_loop
 from kvtiers_p2p.handshake import Identity, seed_fingerprint
+from kvtiers_p2p.nixl_plane import NixlMissing, NixlPlane
 from kvtiers_p2p.protocol import MAX_KEYS, DataPlane, State
 from kvtiers_p2p.schema import P2P_SCHEMA
 from kvtiers_p2p.security import CurveKeys
@@ -96,12 +97,10 @@ class P2PTier(SecondaryTier):
         options = resolve_options(P2P_SCHEMA, config, "p2p")
         super().__init__(ctx, options)
         self._log = ctx.logger
-        plane = options["data_plane"]
-        if plane == "nixl":
-            raise ConfigError(ConfigProblem(
-                "$.data_plane", "the nixl data plane is not in this version of kvtiers-p2p; "
-                'use "auto" or "zmq" (ZeroMQ frames)'))
-        self._kinds = ("zmq",)
+        self._nixl = self._make_nixl(options["data_plane"], ctx)
+        self._kinds: tuple[str, ...] = ("zmq",)
+        if self._nixl is not None:
+            self._kinds = ("nixl",) if options["data_plane"] == "nixl" else ("nixl", "zmq")
         peer_id = options["peer_id"] or f"{socket.gethostname()}:{os.getpid()}"
         self.identity = Identity(peer_id, ctx.namespace.fingerprint,
                                  seed_fingerprint(options["hash_seed"]), ctx.block_bytes,
@@ -157,13 +156,35 @@ class P2PTier(SecondaryTier):
         never blocks. False when it is known already or too many peers are."""
         if self._closed or endpoint in self._links or len(self._links) >= MAX_PEERS:
             return False
-        plane = DataPlane("zmq", self.ctx.pool.num_slots, self.ctx.pool.slot_bytes)
+        if self._nixl is not None:
+            plane = self._nixl.descriptor()
+        else:
+            plane = DataPlane("zmq", self.ctx.pool.num_slots, self.ctx.pool.slot_bytes)
         link = PeerLink(endpoint, self.identity.hello(plane), self.ctx.pool,
                         context=self._zctx, options=self._link_options, curve=self._curve,
-                        logger=self._log, lander=self._copier)
+                        logger=self._log, lander=self._copier, nixl=self._nixl)
         self._links[endpoint] = link
         self._engine.loop.call_soon_threadsafe(link.start)
         return True
+
+    def _make_nixl(self, choice: str, ctx: TierContext) -> NixlPlane | None:
+        """The NIXL plane for `data_plane` "nixl" (required: a ConfigError saying
+        what is missing) or "auto" (when NIXL imports and its agent starts)."""
+        if choice == "zmq":
+            return None
+        try:
+            return NixlPlane(ctx.pool, name=f"kvtiers-{ctx.name or 'p2p'}")
+        except (NixlMissing, RuntimeError) as exc:
+            if choice == "nixl":
+                raise ConfigError(ConfigProblem("$.data_plane", str(exc))) from exc
+            self._log.info("p2p: NIXL data plane unavailable (%s); using ZeroMQ frames",
+                           str(exc)[:300])
+            return None
+
+    @property
+    def data_planes(self) -> tuple[str, ...]:
+        """The data planes this tier offers, preferred first."""
+        return self._kinds
 
     @property
     def links(self) -> Mapping[str, PeerLink]:
@@ -255,7 +276,8 @@ class P2PTier(SecondaryTier):
             max_sessions=self.config["limits"]["max_sessions"])
         server = PeerServer(parent, self.ctx.pool, self.identity,
                             bind=f"tcp://{self.config['host']}:{port}", limits=limits,
-                            curve=self._curve, sink=self._sink, logger=self._log)
+                            curve=self._curve, sink=self._sink, logger=self._log,
+                            nixl=self._nixl)
         server.start()
         self._server = server
 
@@ -268,6 +290,8 @@ class P2PTier(SecondaryTier):
             self._server.close()
         self._engine.close(timeout=2.0)
         self._copier.shutdown(wait=False)
+        if self._nixl is not None:
+            self._nixl.close()
 
     # The probe's thread.
 
