@@ -1,6 +1,7 @@
 """The shared conformance suite against the p2p tier in its storing role: an
 engine's tier that pushes (`"push": true`) into a real `kvtiers serve` cache node
-in a process of its own, and pulls from it. The node's pool is the storage: each
+in a process of its own, and pulls from it, over each data plane. The node's
+pool is the storage: each
 capacity the suite asks for is a node of that many bytes (started on first use
 in a test, killed at its end). Verifying (the transfer: see the corrupt test's
 skip) and shared (sibling: a second engine on the same node); not persistent
@@ -16,6 +17,7 @@ import pytest
 from kvtiers import SecondaryTier, TierContext
 from kvtiers.keys import BlockKey
 from kvtiers.testing import TierConformance
+from kvtiers_p2p.nixl_plane import nixl_available
 from kvtiers_p2p.tier import P2PTier
 
 from tests.p2p.engine import FAST
@@ -23,6 +25,9 @@ from tests.p2p.nodes import Node
 
 
 class TestP2PTierConformance(TierConformance):
+    """Over ZeroMQ frames (the fallback)."""
+
+    data_plane: ClassVar[str] = "zmq"
     concurrent_jobs = True
     #: the node ships frames from its pool; the puller copies them into slots through
     #: PoolView.block() on its loop: gated like any tier
@@ -44,7 +49,8 @@ class TestP2PTierConformance(TierConformance):
             # block may go between two parts (a miss: the budget bounds what a peer
             # holds pinned); the suite's promise - the blocks of a submitted load
             # stay until it ends - is what one fetch keeps.
-            tier = {"type": "p2p", "port": 0, "limits": {"max_pinned_share": 1.0}, **FAST}
+            tier = {"type": "p2p", "port": 0, "limits": {"max_pinned_share": 1.0},
+                    "data_plane": self.data_plane, **FAST}
             config = {"cpu_bytes_to_use": capacity_bytes, "eviction_policy": "lru",
                       "secondary_tiers": [tier]}
             node = Node(config, self.tmp_path, model=model, block_bytes=self.block_bytes)
@@ -57,8 +63,10 @@ class TestP2PTierConformance(TierConformance):
         own = self.node(capacity_bytes, ctx.namespace.model)
         others = [n.endpoint for (cap, _), n in self.nodes.items()
                   if cap == capacity_bytes and n is not own]
-        tier = P2PTier(ctx, {"peers": [own.endpoint, *others], "push": True, **FAST})
+        tier = P2PTier(ctx, {"peers": [own.endpoint, *others], "push": True,
+                             "data_plane": self.data_plane, **FAST})
         assert _wait_ready(tier), "the tier did not connect to its node"
+        assert {x.plane for x in tier.links.values() if x.ready} == {self.data_plane}
         return tier
 
     def sibling(self, tier: SecondaryTier, ctx: TierContext) -> SecondaryTier:
@@ -78,6 +86,14 @@ class TestP2PTierConformance(TierConformance):
     def test_store_larger_than_capacity_fails_full(self) -> None:
         pytest.skip("a node's pool holds at least one block (kvtiers serve refuses a "
                     "smaller cpu_bytes_to_use): no capacity below one block to test")
+
+
+@pytest.mark.skipif(not nixl_available(), reason="NIXL does not import here "
+                    "(pip install 'kvtiers-p2p[nixl]')")
+class TestP2PTierConformanceNixl(TestP2PTierConformance):
+    """Over NIXL: loads READ from the node's pinned slots (stores push frames)."""
+
+    data_plane = "nixl"
 
 
 def _wait_ready(tier: P2PTier, timeout: float = 30.0) -> bool:

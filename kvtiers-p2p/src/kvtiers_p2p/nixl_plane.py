@@ -11,7 +11,8 @@ directly) or raises `NixlMissing` with what to install.
 
 Threads: every agent call holds the plane's lock (an agent made without a listener
 thread is not thread-safe); `read` blocks (it polls the transfer until it ends) and
-runs on the tier's copier threads, never on the loop or the scheduler thread.
+runs on the tier's copier threads, never on the loop or the scheduler thread;
+`progress` runs on the server's thread.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
+import logging
 import os
 import threading
 import time
@@ -46,15 +48,33 @@ def load_nixl() -> Any:
     """NIXL's `_api` module (`nixl_agent`, `nixl_agent_config`), or `NixlMissing`
     naming what to install and why each candidate failed."""
     why = []
+    raise_exceptions = logging.raiseExceptions
     for name in _MODULES:
         try:
-            return importlib.import_module(name)
+            api = importlib.import_module(name)
         except ImportError as exc:  # also a backend library that failed to load
             why.append(f"{name.split('.')[0]}: {exc}")
+            continue
+        finally:
+            logging.raiseExceptions = raise_exceptions  # NIXL's import turns it off
+        _tame_logging()
+        return api
     raise NixlMissing(
         "the nixl data plane needs NIXL: pip install 'kvtiers-p2p[nixl]' (or nixl-cu12 "
         "on a machine without CUDA 13; install a pinned torch first) - "
         + "; ".join(why))
+
+
+def _tame_logging() -> None:
+    """NIXL's import points its "nixl" logger at stdout at INFO (a line per agent):
+    send it through the process's logging instead, at WARNING unless
+    NIXL_LOG_LEVEL says otherwise (a command's stdout is its own)."""
+    log = logging.getLogger("nixl")
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+    log.propagate = True
+    if not os.environ.get("NIXL_LOG_LEVEL"):
+        log.setLevel(logging.WARNING)
 
 
 def nixl_available() -> bool:
@@ -76,7 +96,11 @@ class NixlPlane:
         self._pool = pool
         self._lock = threading.Lock()
         self.name = f"{name or 'kvtiers'}-{os.getpid()}-{next(_names)}"
-        config = api.nixl_agent_config(backends=list(backends))
+        # No progress thread: NIXL's spins (half a core per idle agent). A puller
+        # progresses its transfers as it polls them; a server calls `progress`
+        # from its thread (UCX needs the target's for connection set-up only: the
+        # READs themselves are one-sided).
+        config = api.nixl_agent_config(enable_prog_thread=False, backends=list(backends))
         self._agent = api.nixl_agent(self.name, config)
         missing = [b for b in backends if b not in self._agent.backends]
         if missing:
@@ -116,6 +140,8 @@ class NixlPlane:
         ours, theirs = self.base, plane.base_addr
         mine, peer = self._pool.slot_bytes, plane.slot_bytes
         with self._lock:
+            if self._closed:
+                return "ERR"
             agent = self._agent
             local = agent.get_xfer_descs([(ours + d * mine, bb, 0) for _, d in pairs], "DRAM")
             far = agent.get_xfer_descs([(theirs + s * peer, bb, 0) for s, _ in pairs], "DRAM")
@@ -128,6 +154,8 @@ class NixlPlane:
                     return "TIMEOUT"
                 time.sleep(_POLL_S)
                 with self._lock:
+                    if self._closed:  # close released the agent's resources
+                        return "ERR"
                     state = agent.check_xfer_state(handle)
             if state == "DONE":
                 self.reads += 1
@@ -135,7 +163,14 @@ class NixlPlane:
         finally:
             # A request NIXL could not abort raises: nothing more to do with it.
             with self._lock, contextlib.suppress(Exception):
-                agent.release_xfer_handle(handle)
+                if not self._closed:
+                    agent.release_xfer_handle(handle)
+
+    def progress(self) -> None:
+        """Let the agent make progress as a target (the server's thread, every poll)."""
+        with self._lock:
+            if not self._closed:
+                self._agent.get_new_notifs()
 
     def close(self) -> None:
         with self._lock:
@@ -146,3 +181,4 @@ class NixlPlane:
                 with contextlib.suppress(Exception):  # best effort at shutdown
                     self._agent.remove_remote_agent(remote)
             self._agent.deregister_memory(self._region)
+            self._agent = None  # the agent's resources go with the object

@@ -356,6 +356,8 @@ class PeerServer:
     # Housekeeping: pins whose frames ZeroMQ released, sessions gone silent.
 
     def _housekeeping(self, now: float) -> None:
+        if self._nixl is not None:
+            self._nixl.progress()  # a NIXL target: connection set-up needs it (50 ms)
         timeout = self._limits.session_timeout_s
         for ident, session in list(self._sessions.items()):
             if now - session.heard > timeout:

@@ -182,6 +182,11 @@ class P2PTier(SecondaryTier):
             return None
 
     @property
+    def nixl(self) -> NixlPlane | None:
+        """The NIXL plane, when this tier has one."""
+        return self._nixl
+
+    @property
     def data_planes(self) -> tuple[str, ...]:
         """The data planes this tier offers, preferred first."""
         return self._kinds
