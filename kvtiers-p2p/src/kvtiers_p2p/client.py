@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -92,6 +92,8 @@ class LinkOptions:
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 10.0
     lookup_timeout_s: float = 1.0
+    #: bytes of one fetch of a pipelined load (`PeerLink.fetch`)
+    chunk_bytes: int = 4 << 20
 
 
 CONNECTING, READY, REFUSED, CLOSED = "connecting", "ready", "refused", "closed"
@@ -132,6 +134,13 @@ class PeerLink:
         self._closing = False
         self.ready_event = asyncio.Event()
         self.plane = ""  # the session's data plane, from the Welcome
+        self._in_flight = 0  # blocks of fetches in flight (`_budget`)
+        self._room = asyncio.Condition()
+
+    @property
+    def nixl_peer(self) -> tuple[str, DataPlane] | None:
+        """NIXL sessions: the server's agent name and descriptor (benches read it)."""
+        return self._remote
 
     @property
     def ready(self) -> bool:
@@ -172,19 +181,43 @@ class PeerLink:
 
     async def fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
                     timeout: float) -> list[Outcome]:
-        """Pull `keys` into `slots` of the pool; one outcome per key. Split into
-        fetches of at most the server's `max_fetch` blocks, one after the other
-        (within one `timeout` in all)."""
+        """Pull `keys` into `slots` of the pool; one outcome per key, within one
+        `timeout` in all. Pipelined: split into fetches of about `chunk_bytes`
+        that are in flight together (the server checksums and ships one while
+        this side lands the one before), never more blocks at once on this link
+        than the server's `max_fetch` (its pin budget for this peer)."""
+        n = len(keys)
         per = self.max_fetch
-        if len(keys) <= per:
-            return await self._fetch(keys, slots, timeout)
+        chunk = max(1, min(per, self._opt.chunk_bytes // max(self._pool.block_bytes, 1)))
+        if n <= chunk:
+            async with self._budget(n):
+                return await self._fetch(keys, slots, timeout)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
-        out: list[Outcome] = []
-        for first in range(0, len(keys), per):
-            out += await self._fetch(keys[first:first + per], slots[first:first + per],
-                                     end - loop.time())
-        return out
+
+        async def part(first: int) -> list[Outcome]:
+            size = min(chunk, n - first)
+            async with self._budget(size):
+                return await self._fetch(keys[first:first + size], slots[first:first + size],
+                                         end - loop.time())
+
+        parts = await asyncio.gather(*(part(first) for first in range(0, n, chunk)))
+        return [outcome for outcomes in parts for outcome in outcomes]
+
+    @contextlib.asynccontextmanager
+    async def _budget(self, blocks: int) -> AsyncIterator[None]:
+        """Hold `blocks` of the server's pin budget for this link while a fetch is
+        in flight (fetches wait their turn, oldest first)."""
+        blocks = min(blocks, self.max_fetch)
+        async with self._room:
+            await self._room.wait_for(lambda: self._in_flight + blocks <= self.max_fetch)
+            self._in_flight += blocks
+        try:
+            yield
+        finally:
+            async with self._room:
+                self._in_flight -= blocks
+                self._room.notify_all()
 
     async def _fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
                      timeout: float) -> list[Outcome]:
