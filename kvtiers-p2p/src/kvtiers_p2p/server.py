@@ -100,6 +100,7 @@ class PeerServer:
         self._curve = curve
         self._sink = sink
         self._nixl = nixl  # the NIXL plane: its agent has `pool` registered
+        self._sums: dict[BlockKey, int] = {}  # key -> its block's checksum (`_checksum`)
         self._capacity_bytes = pool.num_slots * pool.block_bytes if sink is not None else 0
         self._log = logger or logging.getLogger("kvtiers.p2p.server")
         self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
@@ -299,7 +300,8 @@ class PeerServer:
             self._send(sock, ident, TransferDone(fetch.req, bytes(states), []))
             return
         block = self._pool.block
-        sums = [checksum(block(slot)) for slot in job.slots]
+        keys = [fetch.keys[i] for i in wanted]
+        sums = [self._checksum(key, slot) for key, slot in zip(keys, job.slots, strict=True)]
         for i in wanted:
             states[i] = State.PRESENT
         if session.plane == "nixl":  # the puller READs the pinned slots, then Landed
@@ -319,6 +321,23 @@ class PeerServer:
         self.counters["blocks_shipped"] += n
         self.counters["bytes_shipped"] += n * self._pool.block_bytes
 
+    def _checksum(self, key: BlockKey, slot: int) -> int:
+        """The checksum shipped with `key`'s block: the one it had when this server
+        first summed it (or took it, verified, from a push). A key names the same
+        bytes for good (keys are content hashes), so the first sum stays right -
+        and a slot whose bytes changed since fails it at the puller."""
+        known = self._sums.get(key)
+        if known is None:
+            known = checksum(self._pool.block(slot))
+            self._remember_sum(key, known)
+        return known
+
+    def _remember_sum(self, key: BlockKey, value: int) -> None:
+        sums = self._sums
+        if key not in sums and len(sums) >= self._pool.num_slots:
+            sums.pop(next(iter(sums)))  # bounded: the oldest goes
+        sums[key] = value
+
     def _store(self, sock: zmq.Socket[bytes], ident: bytes, store: Store,
                blocks: list[zmq.Frame]) -> None:
         n = len(store.keys)
@@ -335,6 +354,7 @@ class PeerServer:
             for i, block in enumerate(blocks):
                 if checksum(block.buffer) == store.checksums[i]:
                     good.append(i)
+                    self._remember_sum(store.keys[i], store.checksums[i])
                 else:
                     states[i] = State.CORRUPT
             if good:
