@@ -354,7 +354,6 @@ class PeerServer:
             for i, block in enumerate(blocks):
                 if checksum(block.buffer) == store.checksums[i]:
                     good.append(i)
-                    self._remember_sum(store.keys[i], store.checksums[i])
                 else:
                     states[i] = State.CORRUPT
             if good:
@@ -362,6 +361,8 @@ class PeerServer:
                                     [blocks[i].buffer for i in good])
                 for i, state in zip(good, answer.states, strict=True):
                     states[i] = state
+                    if state == State.PRESENT:  # these bytes are the pool's now
+                        self._remember_sum(store.keys[i], store.checksums[i])
                 self.counters["blocks_stored"] += answer.states.count(State.PRESENT)
                 evicted, usage = answer.evicted[:MAX_KEYS], answer.usage_bytes
         self._send(sock, ident, StoreDone(store.req, bytes(states), evicted, usage))
