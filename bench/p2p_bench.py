@@ -202,6 +202,8 @@ def main() -> None:
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=4,
+                        help="the puller's num_threads (copier threads; the tier's default 4)")
     parser.add_argument("--netns", action="store_true",
                         help="also measure across two network namespaces (needs root)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -220,7 +222,8 @@ def main() -> None:
     for plane in planes:
         for bb, n in cases:
             spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": "127.0.0.1",
-                    "lookups": 500 if args.quick else 2000, "plane": plane}
+                    "lookups": 500 if args.quick else 2000, "plane": plane,
+                    "threads": args.threads}
             rows.append({"where": "loopback", **measure(spec, [])})
     if args.netns:
         sys.path.insert(0, str(ROOT))
@@ -230,7 +233,7 @@ def main() -> None:
             for plane, (bb, n) in ((p, c) for p in planes for c in cases):
                 spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": pair.addr_a,
                         "lookups": 500 if args.quick else 2000, "prefix": pair.prefix(pair.a),
-                        "plane": plane}
+                        "plane": plane, "threads": args.threads}
                 out = subprocess.run(
                     [*pair.prefix(pair.b), sys.executable, __file__, "--client",
                      json.dumps(spec)], capture_output=True, text=True, check=True,
@@ -249,6 +252,7 @@ def main() -> None:
     doc = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                       f"Python {platform.python_version()}",
            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": args.runs,
+           "threads": args.threads,
            "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
