@@ -7,17 +7,19 @@ VLLM_STAMP := $(VENV)/.installed-vllm
 
 .PHONY: setup test bench plugins lint clean
 
-# Every local distribution (kvtiers-core, kvtiers-fs, ...) is installed editable.
+# Every local distribution (kvtiers-core, kvtiers-fs, ...) is installed editable, and
+# so are the example plugins whose tests live under tests/ (tests/redis).
 DISTS := $(wildcard kvtiers-*/pyproject.toml)
+EXAMPLE_DISTS := examples/kvtiers-redis/pyproject.toml
 
-$(STAMP): requirements-dev.txt $(DISTS)
+$(STAMP): requirements-dev.txt $(DISTS) $(EXAMPLE_DISTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: an unpinned resolve pulls a multi-GB CUDA build. The
 	# distributions do not depend on it (kvtiers-core[torch] is an extra); dev and CI
 	# install it for the worker-side and bench tests.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -r requirements-dev.txt
-	$(BIN)/pip install -q $(foreach d,$(DISTS),-e $(dir $(d)))
+	$(BIN)/pip install -q $(foreach d,$(DISTS) $(EXAMPLE_DISTS),-e $(dir $(d)))
 	touch $(STAMP)
 
 # vLLM for tests/vllm (the test command only; the bench does not need it), without
@@ -43,7 +45,7 @@ bench: setup
 LINT_PATHS := $(dir $(DISTS)) tests bench examples
 TYPED_PATHS := $(addsuffix src,$(dir $(DISTS))) tests/vllm tests/p2p \
 	examples/kvtiers-scratch/src examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src \
-	examples/embedding
+	examples/embedding examples/kvtiers-redis/src tests/redis
 
 lint: setup $(VLLM_STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -110,27 +110,31 @@ def percentile(sorted_ns: list[int], q: float) -> float:
 
 
 class GcPauses:
-    """Durations of the interpreter's full (generation 2) collections: with a
-    million-entry index in memory each walks it, holding the GIL, whichever thread
-    triggered it - an engine avoids that with `gc.freeze()` after start-up."""
+    """Durations of the interpreter's collections: the full (generation 2) ones -
+    with a million-entry index in memory each walks it, holding the GIL, whichever
+    thread triggered it; an engine avoids that with `gc.freeze()` after start-up -
+    and the longest young (generation 0/1) one, which walks only the young objects
+    (long only if a large container is still young: issue 11's catch-up stall)."""
 
     def __init__(self) -> None:
         self.pauses: list[float] = []
+        self.young: list[float] = []
         self._t = 0.0
         gc.callbacks.append(self._cb)
 
     def _cb(self, phase: str, info: dict[str, Any]) -> None:
-        if info.get("generation") != 2:
-            return
         if phase == "start":
             self._t = time.perf_counter()
         else:
-            self.pauses.append(time.perf_counter() - self._t)
+            took = time.perf_counter() - self._t
+            (self.pauses if info.get("generation") == 2 else self.young).append(took)
 
     def take(self) -> dict[str, Any]:
         out, self.pauses = self.pauses, []
+        young, self.young = self.young, []
         return {"gc_full_collections": len(out),
-                "gc_max_ms": round(max(out) * 1e3, 1) if out else None}
+                "gc_max_ms": round(max(out) * 1e3, 1) if out else None,
+                "gc_young_max_ms": round(max(young) * 1e3, 1) if young else None}
 
 
 class Stretches:
@@ -254,13 +258,20 @@ def main() -> None:
         t = time.perf_counter()
         build_namespace(root, keys)
         ctx = context(BLOCK, slots=8)
+        pauses = GcPauses()
         tier = open_tier(ctx, root, capacity_blocks=4 * args.blocks)
         opened = time.perf_counter() - t
         rss_mb = rss_bytes() / 1e6
+        load_gc = pauses.take()
+        # What the next generation-1 collection costs, whichever thread triggers it:
+        # the young objects' walk (a million-entry container left young walks whole).
+        t = time.perf_counter()
+        gc.collect(1)
+        first_young_ms = (time.perf_counter() - t) * 1e3
+        pauses.take()
         if args.gc_freeze:
             gc.collect()
             gc.freeze()
-        pauses = GcPauses()
         stretches = Stretches()
         try:
             store = tier.stores[0]
@@ -290,17 +301,20 @@ def main() -> None:
         finally:
             tier.close()
     print(f"{args.blocks} blocks (index loaded in {opened:.1f} s, process RSS {rss_mb:.0f} MB "
-          f"with the bench's key list), {args.step} lookups per step; latency of one lookup "
+          f"with the bench's key list; longest young GC while loading "
+          f"{load_gc['gc_young_max_ms'] or '-'} ms, the first generation-1 GC after it "
+          f"{first_young_ms:.1f} ms), {args.step} lookups per step; latency of one lookup "
           f"on the scheduler thread:")
     print(f"{'phase':>9} {'lookups':>9} {'p50 µs':>8} {'p99.9 µs':>9} {'max µs':>9} "
           f"{'wake late max µs':>17} "
-          f"{'work s':>7} {'full GCs':>9} {'GC max ms':>10} {'GIL hold p50/p99/max µs':>24}")
+          f"{'work s':>7} {'full GCs':>9} {'GC max ms':>10} {'young GC max ms':>16} "
+          f"{'GIL hold p50/p99/max µs':>24}")
     for r in rows:
         hold = "/".join(str(r[k] or "-") for k in ("hold_p50_us", "hold_p99_us", "hold_max_us"))
         print(f"{r['phase']:>9} {r['lookups']:>9} {r['p50_us']:>8} {r['p99_9_us']:>9} "
               f"{r['max_us']:>9} {r['wake_late_max_us']:>17} "
               f"{r['work_seconds'] or '-':>7} {r['gc_full_collections']:>9} "
-              f"{r['gc_max_ms'] or '-':>10} "
+              f"{r['gc_max_ms'] or '-':>10} {r['gc_young_max_ms'] or '-':>16} "
               f"{hold:>24}")
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -312,7 +326,8 @@ def main() -> None:
                       f"Python {platform.python_version()}",
            "blocks": args.blocks, "tail_records": args.tail, "step": args.step,
            "load_seconds": round(opened, 2), "rss_mb_after_load": round(rss_mb),
-           "gc_freeze": args.gc_freeze,
+           "gc_freeze": args.gc_freeze, "load_gc": load_gc,
+           "first_young_gc_after_load_ms": round(first_young_ms, 1),
            "store": store_mod.__file__, "phases": rows}
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -194,3 +194,45 @@ def test_the_resolved_config_round_trips() -> None:
     again = load_config(config.to_dict())
     assert again.secondary_tiers[0] == section
     assert "admission" not in load_config(_config()).secondary_tiers[0].to_dict()
+
+
+def test_a_pool_hit_is_a_touch_under_write_through(engines) -> None:
+    e = engines(_config("second_touch"))
+    first, other = keys(SLOTS // 2), keys(SLOTS // 2)
+    e.store(first + other)
+    assert e.tier()["cascaded_blocks"] == 0
+    assert all(e.serve(k) for k in first)  # reused while resident: offered again
+    e.settle()
+    assert e.tier()["cascaded_blocks"] == len(first)
+    written = e.tier()["bytes_written"]
+    assert written >= len(first) * BLOCK
+    assert all(e.serve(k) for k in first)  # a further hit: no second copy
+    e.settle()
+    assert (e.tier()["cascaded_blocks"], e.tier()["bytes_written"]) == (len(first), written)
+    e.mgr.reset()
+    assert all(e.serve(k) for k in first)  # from the tier, bytes checked
+    assert e.tier()["promoted_hits"] == len(first)
+    assert not any(e.serve(k) for k in other)  # never reused: never written
+
+
+def test_a_pool_hit_is_a_touch_under_write_back(engines) -> None:
+    e = engines(_config({"policy": "second_touch", "window_blocks": 1000},
+                        write_policy="write_back"))
+    first, other = keys(SLOTS // 2), keys(SLOTS // 2)
+    e.store(first + other)
+    assert all(e.serve(k) for k in first)  # used once in the pool
+    e.store(keys(SLOTS))  # evicts all eight, dirty: the used ones are admitted
+    e.settle()
+    assert e.tier()["cascaded_blocks"] == len(first)
+    assert e.tier()["cascades_not_admitted"] >= len(other)
+    e.mgr.reset()
+    assert all(e.serve(k) for k in first)
+    assert not any(e.serve(k) for k in other)
+
+
+def test_the_refused_memory_is_bounded_by_the_pool(engines) -> None:
+    e = engines(_config({"policy": "second_touch", "window_blocks": 100000}))
+    for _ in range(6):
+        e.store(keys(SLOTS))
+    rt = e.mgr._traffic.tiers[0]
+    assert len(rt.refused) == SLOTS  # only the resident ones can still be hit

@@ -90,7 +90,21 @@ def registry() -> Registry:
         ),
     )
     _add(reg, TierRecord("badschema", PlainTier, {"type": 12}, "broken schema", CONTRACT_VERSION))
+    _add_vllm_forms(reg)
     return reg
+
+
+def _add_vllm_forms(registry: Registry) -> None:
+    """kvtiers-vllm's forms of vLLM's config (its spec, its tier entry), registered
+    as its `kvtiers` entry point registers them: this registry loads no entry point."""
+    try:
+        from kvtiers_vllm import config_forms
+    except ImportError:  # kvtiers-vllm not installed: its forms are unknown
+        return
+    for spec in config_forms.kvtiers_register_vllm_specs():
+        registry.vllm_specs[spec.name] = Registered(spec, "vllm", "kvtiers-vllm", "0")
+    for tier in config_forms.kvtiers_register_vllm_tiers():
+        registry.vllm_tiers[tier.name] = Registered(tier, "vllm", "kvtiers-vllm", "0")
 
 
 @pytest.fixture()

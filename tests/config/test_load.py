@@ -32,10 +32,12 @@ def test_dataclass_defaults_are_the_schema_defaults() -> None:
     props = CORE_SCHEMA["properties"]
     cfg = KvtiersConfig(cpu_bytes_to_use=1)
     for key, sub in props.items():
-        if "default" in sub and key not in ("secondary_tiers", "breaker"):
+        if "default" in sub and key not in ("secondary_tiers", "breaker", "metrics"):
             assert getattr(cfg, key) == sub["default"], key
     for key, sub in props["breaker"]["properties"].items():
         assert getattr(cfg.breaker, key) == sub["default"]
+    for key, sub in props["metrics"]["properties"].items():
+        assert getattr(cfg.metrics, key) == sub["default"]
 
 
 def test_every_key_set(load) -> None:

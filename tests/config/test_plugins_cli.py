@@ -104,5 +104,6 @@ def test_options_of_an_installed_tier(tmp_path: Path) -> None:
     missing = kvtiers(None, "plugins", "--options", "memroy")
     assert missing.returncode == 2
     assert missing.stderr.startswith(
-        "error: unknown tier 'memroy' (did you mean 'memory'?); installed tiers and policies: "
+        "error: unknown tier 'memroy' (did you mean 'memory'?); installed tiers, policies and "
+        "admission policies: "
     )

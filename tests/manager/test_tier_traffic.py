@@ -83,12 +83,61 @@ def test_a_cascade_holds_its_slot_until_the_tier_reports():
     assert [(e.kind, e.tier) for e in rig.events.take()] == [("stored", "s")]
 
 
-def test_a_full_queue_drops_and_counts_cascades():
+def test_a_full_queue_defers_cascades_without_pins_then_copies_them_in_order():
+    rig = Rig(num_slots=8, queue_limit=2, hold=True)
+    slots = rig.store(1, 2, 3, 4)
+    assert [k for k, _ in rig.rt.queue] == [key(1), key(2)]
+    assert [k for k, _ in rig.rt.deferred] == [key(3), key(4)]
+    assert rig.slots.pinned == 2 and rig.rt.counters.cascades_deferred == 2
+    rig.traffic.step()  # 1 and 2 go to the tier; still no room for 3 and 4
+    assert rig.rt.inflight_cascade_blocks == 2 and len(rig.rt.deferred) == 2
+    assert not rig.traffic.idle() and rig.slots.pinned == 2
+    rig.store(5)  # behind the deferred ones, though nothing is queued now
+    assert [k for k, _ in rig.rt.deferred] == [key(3), key(4), key(5)]
+    for _ in range(3):
+        rig.tier.release()
+        rig.traffic.step()
+    assert rig.traffic.idle() and rig.slots.pinned == 0
+    assert rig.rt.counters.cascaded_blocks == 5 and rig.rt.counters.cascades_dropped == 0
+    for i, slot in zip((1, 2, 3, 4), slots, strict=True):
+        assert rig.tier.data[key(i)] == bytes(rig.pool.block(slot))
+    stored = [k for e in rig.events.take() if e.tier == "s" for k in e.keys]
+    assert stored == [key(i) for i in (1, 2, 3, 4, 5)]
+
+
+def test_a_deferred_cascade_whose_block_was_evicted_is_dropped_and_counted():
+    rig = Rig(num_slots=4, queue_limit=1, hold=True)
+    rig.store(1, 2, 3, 4)  # 1 queued (pinned), 2 3 4 deferred (unpinned)
+    rig.traffic.step()
+    rig.store(5)  # the pool is full: the LRU unpinned block (2) goes, 5 takes its slot
+    assert rig.slots.get(key(2)) is None
+    while not rig.traffic.idle():
+        rig.tier.release()
+        rig.traffic.step()
+    assert key(2) not in rig.tier.data and rig.slots.pinned == 0
+    assert rig.rt.counters.cascades_dropped == 1 and rig.rt.counters.cascaded_blocks == 4
+    for i in (1, 3, 4, 5):
+        assert rig.tier.data[key(i)] == bytes(rig.pool.block(rig.slots.get(key(i))))
+
+
+def test_dropping_the_queue_drops_deferred_cascades_too():
     rig = Rig(queue_limit=2)
     rig.store(1, 2, 3)
-    assert len(rig.rt.queue) == 2 and rig.rt.counters.cascades_dropped == 1
+    assert len(rig.rt.queue) == 2 and len(rig.rt.deferred) == 1
     rig.traffic.drop_queued()
-    assert not rig.rt.queue and rig.slots.pinned == 0 and rig.rt.counters.cascades_dropped == 3
+    assert not rig.rt.queue and not rig.rt.deferred and rig.slots.pinned == 0
+    assert rig.rt.counters.cascades_dropped == 3 and rig.traffic.idle()
+
+
+def test_a_tier_that_went_down_drops_its_deferred_cascades():
+    rig = Rig(queue_limit=1, hold=True)
+    rig.store(1, 2)
+    for _ in range(3):
+        rig.rt.breaker.failure()  # breaker_failures=3: open
+    rig.traffic.step()
+    assert not rig.rt.deferred and rig.rt.counters.cascades_dropped == 1
+    rig.store(3)  # down: dropped at once, never deferred
+    assert rig.rt.counters.cascades_dropped == 2 and not rig.rt.deferred
 
 
 def test_a_late_promotion_is_quarantined_until_the_tier_reports():
@@ -134,3 +183,19 @@ def test_peer_jobs_and_tier_jobs_share_one_id_space():
     peers.complete(job.job_id)
     peers.complete(job.job_id)
     assert len(peers) == 0 and [rig.slots.holds[s] for s in job.slots] == [1, 1]
+
+
+def test_a_lookup_asks_only_the_tiers_allowed_and_names_the_promoting_tier():
+    rig = Rig()
+    data = os.urandom(BLOCK)
+    rig.tier.put(key(1), data)
+    asked = rig.tier.calls.get("lookup", 0)
+    assert rig.traffic.lookup(key(1), ()) is LookupResult.MISS  # no tier allowed
+    assert rig.tier.calls.get("lookup", 0) == asked and rig.slots.get(key(1)) is None
+    assert rig.traffic.lookup(key(1), {0}) is LookupResult.HIT_PENDING
+    assert rig.traffic.promotion_source(key(1)) == "s"
+    rig.traffic.step()  # submitted
+    assert rig.traffic.promotion_source(key(1)) == "s"
+    rig.traffic.step()  # landed: no longer on its way
+    assert rig.traffic.promotion_source(key(1)) is None
+    assert bytes(rig.pool.block(rig.slots.get(key(1)))) == data

@@ -203,3 +203,64 @@ def test_bound_recorders_feed_the_same_series() -> None:
     assert h.sum == pytest.approx(100.003)
     assert dict(h.buckets)[0.005] == 1 and dict(h.buckets)[60.0] == 1
     assert dict(recorder.counters("-")) == {(("event", "no_such_event"),): 1.0}
+
+
+def test_with_call_timing_off_the_call_histograms_stay_empty_and_counters_count() -> None:
+    """`metrics.scheduler_call_timing: false`: the engine's calls are the manager's
+    own methods (nothing between), `kvtiers_manager_call_seconds` has no series,
+    and the tiers' and the pool's counters and the job histograms still count; a
+    promotion's bytes arrive intact."""
+    pool = PoolView.anonymous(SLOTS, BLOCK)
+    config = load_config({"cpu_bytes_to_use": pool.nbytes,
+                          "metrics": {"scheduler_call_timing": False},
+                          "secondary_tiers": [{"type": "memory", "capacity_bytes": 64 * BLOCK}]})
+    assert config.metrics.scheduler_call_timing is False
+    assert load_config(config.to_dict()).metrics == config.metrics
+    recorder = MetricsRecorder()
+    inner = build_manager(config, pool, NS, metrics=recorder)
+    mgr = MeteredManager(inner, recorder, publish_interval_s=0.0,
+                         call_timing=config.metrics.scheduler_call_timing)
+    exporter = MetricsExporter(recorder)
+    try:
+        assert mgr.lookup == inner.lookup and mgr.prepare_store == inner.prepare_store
+        keys = [key(100 + i) for i in range(5)]
+        content = {k: os.urandom(BLOCK) for k in keys}
+        out = mgr.prepare_store(keys)
+        assert out is not None
+        for k, slot in zip(keys, out.slots, strict=True):
+            pool.block(slot)[:] = content[k]
+        mgr.complete_store(keys)
+        assert mgr.drain(10)
+        mgr.reset()
+        assert [mgr.lookup(k) for k in keys] == [LookupResult.HIT_PENDING] * 5
+        mgr.step()
+        assert mgr.drain(10)
+        assert mgr.lookup_prefix(keys).hits == 5
+        slots = mgr.prepare_load(keys)
+        for k, slot in zip(keys, slots, strict=True):
+            assert bytes(pool.block(slot)) == content[k]
+        mgr.complete_load(keys)
+        mgr.step()
+        m = scrape(exporter)
+        assert m["_families"]["kvtiers_manager_call_seconds"] == "histogram"
+        assert not any(name.startswith("kvtiers_manager_call_seconds") for name in m)
+        assert dict(recorder.counters("manager_call_seconds")) == {}
+        t = (("tier", "memory"),)
+        assert m["kvtiers_tier_lookups_total"][(("result", "hit"), *t)] == 5
+        assert m["kvtiers_tier_promoted_blocks_total"][t] == 5
+        assert m["kvtiers_tier_job_seconds_count"][(("kind", "load"), *t)] == 1
+        assert m["kvtiers_pool_lookups_total"][(("result", "pending"),)] == 5
+        assert m["kvtiers_pool_stored_blocks_total"][()] == 5
+        assert m["kvtiers_pool_loaded_blocks_total"][()] == 5
+    finally:
+        mgr.close()
+    # the default times every call: the same calls fill the histogram
+    recorder = MetricsRecorder()
+    timed = MeteredManager(build_manager(load_config({"cpu_bytes_to_use": pool.nbytes}), pool,
+                                         NS, metrics=recorder), recorder)
+    try:
+        assert timed.lookup(key(1)) is LookupResult.MISS
+        m = scrape(MetricsExporter(recorder))
+        assert m["kvtiers_manager_call_seconds_count"][(("call", "lookup"),)] == 1
+    finally:
+        timed.close()

@@ -1,5 +1,5 @@
 """`kvtiers snapshot save/load`: a tier's blocks to a zarr store and into a fresh
-tier, every block byte-equal and served as a hit; newest first with --hottest; a
+tier, every block byte-equal and served as a hit; hottest first with --hottest; a
 damaged block in the snapshot refused by its checksum; another model's refused."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_save_then_load_into_a_fresh_tier_serves_every_block(tmp_path: Path) -> 
         assert tier.inventory().keys() == set(keys + later)
     finally:
         tier.close()
-    # --hottest: the newest blocks only
+    # --hottest: the hottest blocks only (the later ones: stored last, never used since)
     done = kvtiers("snapshot", "save", fs_config(tmp_path / "a.json", str(tmp_path / "a"), CAP),
                    str(tmp_path / "hot.zarr"), "--hottest", "5", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["blocks"] == 5, done.stderr

@@ -26,6 +26,27 @@ def test_entries_add_no_object_the_collector_tracks() -> None:
     assert len(gc.get_objects()) - before < 100  # not one per entry
 
 
+def _young(obj: object) -> bool:
+    return any(o is obj for gen in (0, 1) for o in gc.get_objects(generation=gen))
+
+
+def test_a_filled_index_is_not_left_in_the_young_generations() -> None:
+    """A start-up load allocates almost nothing the collector tracks, so containers
+    born young would stay young while they fill, and the first busy phase's
+    generation-1 collection would walk them whole (~50 ms per million entries
+    holding the GIL: issue 11's catch-up stall). The index's dict and its policy's
+    are in the oldest generation before the first entry goes in."""
+    assert gc.isenabled()
+    policy = LRUPolicy()
+    index: BoundedIndex[int] = BoundedIndex(policy, 1 << 40, queued=True)
+    for _ in range(0, 50_000, 256):
+        index.adopt((k, 4160, 4160) for k in _keys(256))
+    assert len(index) >= 50_000 - 10
+    containers = [index._entries, policy._order]
+    assert all(gc.is_tracked(c) for c in containers)
+    assert not any(_young(c) for c in containers)
+
+
 def test_iter_items_lists_in_use_order_in_pieces_and_holds_the_lock() -> None:
     index: BoundedIndex[int] = BoundedIndex(LRUPolicy(), 1 << 40, queued=True)
     keys = _keys(1000)

@@ -264,11 +264,20 @@ class Engine:
 
     # -- requests --
 
-    def add(self, request_id: str, tokens: Sequence[int], max_tokens: int = 1) -> Request:
+    def add(
+        self,
+        request_id: str,
+        tokens: Sequence[int],
+        max_tokens: int = 1,
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> Request:
+        """A request; `kv_transfer_params` reach the connector as vLLM's API server
+        passes them (`SamplingParams.extra_args`)."""
+        extra = None if kv_transfer_params is None else {"kv_transfer_params": kv_transfer_params}
         request = Request(
             request_id,
             list(tokens),
-            SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra),
             pooling_params=None,
             block_hasher=self._hasher,
         )

@@ -7,6 +7,7 @@ tokens (random-looking, never zeros)."""
 from __future__ import annotations
 
 import copy
+import logging
 import random
 import time
 from collections.abc import Iterator
@@ -136,8 +137,8 @@ def trace_lookups(e: h.Engine) -> list[str]:
     adapter = e.manager
     inner = adapter._lookup
 
-    def lookup(key: bytes) -> Any:
-        result = inner(key)
+    def lookup(key: bytes, *tiers: Any) -> Any:
+        result = inner(key, *tiers)
         seen.append(result.name)
         return result
 
@@ -409,6 +410,13 @@ def test_wrong_configs_fail_with_a_clear_error(
 
 # --------------------------------------------------------------------- kvtiers' worker
 
+REGION_LOGGER = "vllm.v1.kv_offload.cpu.shared_offload_region"
+
+
+def kept_mapped(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """vLLM's warning that a region could not be unmapped (a view still exported)."""
+    return [r.getMessage() for r in caplog.records if "mapped" in r.getMessage()]
+
 
 def _canonical(gpu: list[Any], groups: list[list[int]]) -> Any:
     from vllm.v1.kv_offload.base import (
@@ -439,7 +447,9 @@ def _finished(worker: Any, n: int) -> list[Any]:
     raise AssertionError(f"{len(done)} of {n} jobs finished")
 
 
-def test_kvtiers_worker_writes_vllms_chunk_layout_byte_for_byte() -> None:
+def test_kvtiers_worker_writes_vllms_chunk_layout_byte_for_byte(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     import numpy as np
     import torch
     from kvtiers_vllm.worker import KvtiersSwapWorker
@@ -476,14 +486,17 @@ def test_kvtiers_worker_writes_vllms_chunk_layout_byte_for_byte() -> None:
         for i, t in enumerate(gpu):
             for block, chunk in zip([10, 11, 12, 13, 14], [5, 0, 11, 2, 8], strict=True):
                 assert np.array_equal(t[block].numpy(), views[i][chunk].numpy())
+        del mine, theirs, views, reference  # this test's own views of the regions
     finally:
-        if ours is not None:
-            ours.shutdown()
-        else:
-            region.cleanup()
-        ref_region.cleanup()
+        with caplog.at_level(logging.WARNING, logger=REGION_LOGGER):
+            if ours is not None:
+                ours.shutdown()  # drops the swapper's views, then unmaps
+            else:
+                region.cleanup()
+            ref_region.cleanup()
         for engine_id in ids:
             h.remove_shm(engine_id)
+    assert not kept_mapped(caplog)
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ class NamespaceInventory:
     namespace: str
     #: where, in the tier's own terms (a root directory, a bucket prefix, a peer)
     location: str
-    #: committed blocks, in no particular order
+    #: committed blocks, in no particular order unless `eviction_order`
     blocks: tuple[BlockRecord, ...]
     #: bytes of the committed blocks
     committed_bytes: int
@@ -61,6 +61,10 @@ class NamespaceInventory:
     geometry: tuple[Mapping[str, Any], ...] = ()
     #: why this namespace could not be read fully (its numbers may be partial)
     error: str | None = None
+    #: True: `blocks` are in the tier's eviction order here, its next victim first
+    #: and its hottest (most recently used, for LRU) last - `kvtiers snapshot save`
+    #: keeps the hottest by it; False: no order (newest by `stored_at` stands in)
+    eviction_order: bool = False
 
     @property
     def usage_bytes(self) -> int:

@@ -28,6 +28,9 @@ Kind = Literal["counter", "gauge", "histogram"]
 #: the scheduler's calls: 1 µs .. 1 s
 CALL_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
                 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0)
+#: what timing a scheduler call costs, as measured by bench/metrics_overhead.py
+CALL_TIMING_COST = ("0.8-0.9 µs per call on one idle core of the reference machine, "
+                    "about twice that under load (`bench/metrics_overhead.py`)")
 #: tier jobs and probes: 100 µs .. 60 s
 JOB_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
                0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -100,8 +103,9 @@ TIER_METRICS: tuple[MetricDef, ...] = (
               "Blocks the tier's admission policy refused to copy down.", _T,
               event="tier_admission_refused"),
     MetricDef("kvtiers_tier_dropped_cascades_total", "counter",
-              "Copies down to the tier dropped because its queue was full or it was down "
-              "(backpressure).", _T, stat="cascades_dropped"),
+              "Copies down to the tier never made: it was down, its block was evicted "
+              "while the copy waited for room, or (write_back) its queue was full.", _T,
+              stat="cascades_dropped"),
     MetricDef("kvtiers_tier_cascaded_blocks_total", "counter",
               "Blocks copied down to the tier successfully.", _T, stat="cascaded_blocks"),
     MetricDef("kvtiers_tier_timeouts_total", "counter",
@@ -190,8 +194,9 @@ def render_markdown() -> str:
         " tests/ops/test_metrics_docs.py keeps it equal. Do not edit by hand. -->",
         "",
         "kvtiers exports Prometheus metrics through `prometheus_client` (the extra "
-        "`kvtiers-core[metrics]`): `kvtiers bench --metrics-port N` serves them on "
-        "`http://127.0.0.1:N/metrics` while it runs; in your own process, "
+        "`kvtiers-core[metrics]`): `kvtiers bench --metrics-port N` and `kvtiers serve "
+        "--metrics-port N` serve them on `http://127.0.0.1:N/metrics` while they run "
+        "(0: a free port, printed); in your own process, "
         "`kvtiers.metrics_prom.MetricsExporter` does the same. Counters end in "
         "`_total`, sizes are in bytes, durations in seconds.",
         "",
@@ -216,6 +221,23 @@ def render_markdown() -> str:
         f"- scheduler calls (`kvtiers_manager_call_seconds`): {buckets(CALL_BUCKETS)}",
         f"- tier jobs and probes (`kvtiers_tier_job_seconds`, "
         f"`kvtiers_tier_probe_seconds`): {buckets(JOB_BUCKETS)}",
+        "",
+        "## Cost, and switching per-call timing off",
+        "",
+        "Every event is a dict update in the recording thread's own shard. Timing the "
+        "scheduler's calls (`kvtiers_manager_call_seconds`) adds two clock reads and a "
+        "histogram update to each call into the manager - "
+        f"{CALL_TIMING_COST} - which a hot scheduler may not want. The config's "
+        "`metrics` section turns it off:",
+        "",
+        "```json",
+        '{"cpu_bytes_to_use": 2147483648, "metrics": {"scheduler_call_timing": false}}',
+        "```",
+        "",
+        "Then the calls go straight to the manager (no wrapper), "
+        "`kvtiers_manager_call_seconds` stays empty, and every counter and gauge above "
+        "still counts (the tiers' lookups by answer and job latencies included: "
+        "those are recorded per tier, not per scheduler call).",
         "",
         "## Reporting from a tier",
         "",

@@ -142,19 +142,34 @@ class MeteredTier(SecondaryTier):
         self.inner.serve_external_requests(parent)
 
 
+#: the scheduler's calls `MeteredManager` times (the `call` label); `step` too
+TIMED_CALLS = ("lookup", "lookup_prefix", "prepare_load", "complete_load", "prepare_store",
+               "complete_store", "touch", "take_events")
+
+
 class MeteredManager:
     """The manager's scheduler-side calls, timed into `manager_call_seconds{call}`;
     every other attribute is the manager's. `publish()` (also from `step()`, at
     most every `publish_interval_s` of perf_counter time) hands `stats()` to the
-    recorder."""
+    recorder.
+
+    `call_timing=False` (the config's `metrics.scheduler_call_timing`): the calls
+    of `TIMED_CALLS` are the manager's own bound methods, set on the instance - no
+    wrapper, no clock read, nothing recorded - and `step` only publishes; the
+    histograms stay empty, every counter and gauge (the tiers', the pool's) still
+    counts."""
 
     def __init__(self, manager: TieringOffloadingManager, recorder: MetricsRecorder, *,
-                 publish_interval_s: float = 0.5):
+                 publish_interval_s: float = 0.5, call_timing: bool = True):
         self.manager = manager
+        self.call_timing = call_timing
         self._recorder = recorder
         self._interval = publish_interval_s
         self._next_publish = 0.0
         self._calls: dict[str, Callable[[float], None]] = {}
+        if not call_timing:
+            for call in TIMED_CALLS:  # instance attributes win over the methods below
+                self.__dict__[call] = getattr(manager, call)
         self.publish()
 
     def __getattr__(self, attr: str) -> Any:
@@ -201,7 +216,10 @@ class MeteredManager:
         return self._timed("take_events", self.manager.take_events)
 
     def step(self) -> None:
-        self._timed("step", self.manager.step)
+        if self.call_timing:
+            self._timed("step", self.manager.step)
+        else:
+            self.manager.step()
         if time.perf_counter() >= self._next_publish:
             self.publish()
 
@@ -210,4 +228,4 @@ class MeteredManager:
         self.manager.close()
 
 
-__all__ = ["MAX_PROBING", "MeteredManager", "MeteredTier"]
+__all__ = ["MAX_PROBING", "TIMED_CALLS", "MeteredManager", "MeteredTier"]

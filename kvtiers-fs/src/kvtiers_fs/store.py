@@ -408,7 +408,8 @@ class RootStore:
             self.fingerprint, self.root, tuple(records),
             committed_bytes=sum(s for _, s in entries),
             reserved_bytes=sum(s for _, (_, s) in pending), reserved_blocks=len(pending),
-            capacity_bytes=self.capacity_bytes, unnamed_blocks=unnamed)
+            capacity_bytes=self.capacity_bytes, unnamed_blocks=unnamed,
+            eviction_order=True)  # `entries` come in the index's order of use
 
     # -- the journal --------------------------------------------------------------
 

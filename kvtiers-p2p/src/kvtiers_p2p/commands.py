@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from kvtiers.namespace import DTYPE_BYTES, BlockGeometry, Namespace
 
@@ -37,6 +38,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print a status line every S seconds (0: never)")
     parser.add_argument("--ready-file", type=Path,
                         help="once serving, write {\"endpoints\": [...]} here as JSON")
+    parser.add_argument("--metrics-port", type=int, metavar="N",
+                        help="serve Prometheus metrics on http://127.0.0.1:N/metrics while "
+                        "the node runs (0: a free port, printed on stderr; needs the "
+                        "`metrics` extra of kvtiers-core; docs/metrics.md)")
+    parser.add_argument("--snapshot-load", metavar="URL",
+                        help="before serving, pre-warm the pool with this snapshot's hottest "
+                        "blocks (`kvtiers snapshot`'s zarr format, on a directory or an "
+                        "fsspec URL; each block verified; another model's refused)")
+    parser.add_argument("--snapshot-save", metavar="URL",
+                        help="when stopped (SIGTERM, Ctrl-C), save the pool here, most "
+                        "recently used first, before the node closes")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an fsspec storage option of the snapshots' URLs (repeatable; "
+                        "credentials better from the environment, AWS_ACCESS_KEY_ID, ...)")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -55,6 +70,20 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(ConfigProblem("$", f"block geometry: {exc}")) from exc
     namespace = Namespace(model, (geometry,), args.revision)
+    if args.metrics_port is not None:
+        from kvtiers.metrics_prom import require_prometheus
+
+        if not 0 <= args.metrics_port < 65536:
+            raise ConfigError(ConfigProblem(
+                "--metrics-port", f"must be 0..65535, got {args.metrics_port}"))
+        require_prometheus("kvtiers serve --metrics-port")
+    storage_options = None
+    if args.snapshot_load is not None or args.snapshot_save is not None:
+        from kvtiers.cli.snapshot_cmd import parse_storage_options
+        from kvtiers.ops.snapshot_store import require_zarr
+
+        require_zarr()
+        storage_options = parse_storage_options(args.storage_option)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -63,8 +92,14 @@ def run_serve(args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         node = CacheNode(config, namespace)
+        metrics = None
         try:
+            if args.metrics_port is not None:
+                metrics = _serve_metrics(node, config, args.metrics_port)
             out = sys.stdout
+            if args.snapshot_load is not None:
+                print(_snapshot_load(node, args.snapshot_load, storage_options), file=out,
+                      flush=True)
             print(f"kvtiers serve: {namespace} on {', '.join(node.endpoints)}; pool "
                   f"{node.pool.num_slots} blocks of {geometry.block_bytes} bytes", file=out,
                   flush=True)
@@ -79,13 +114,55 @@ def run_serve(args: argparse.Namespace) -> int:
                     last = time.monotonic()
                     print(f"kvtiers serve: {node.status()}", file=out, flush=True)
             print(f"kvtiers serve: stopping ({node.status()})", file=out, flush=True)
+            if args.snapshot_save is not None:
+                print(_snapshot_save(node, args.snapshot_save, storage_options), file=out,
+                      flush=True)
         finally:
             node.close()
+            if metrics is not None:
+                metrics.close()
         print("kvtiers serve: stopped", flush=True)
         return 0
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def _serve_metrics(node: Any, config: Any, port: int) -> Any:
+    """The node's manager metered (`MeteredManager`: its calls timed unless the
+    config's `metrics.scheduler_call_timing` is off, its stats published from
+    `step`), served on `port`; the server, to close. The tiers' own event metrics
+    need the node to build them with a sink: not yet (stats-fed metrics only)."""
+    from kvtiers.metrics_instrument import MeteredManager
+    from kvtiers.metrics_prom import MetricsExporter
+    from kvtiers.metrics_recorder import MetricsRecorder
+
+    recorder = MetricsRecorder()
+    node.manager = MeteredManager(node.manager, recorder,
+                                  call_timing=config.metrics.scheduler_call_timing)
+    server = MetricsExporter(recorder).serve(port)
+    print(f"metrics: {server.url}", file=sys.stderr, flush=True)
+    return server
+
+
+def _snapshot_load(node: Any, url: str, options: dict[str, Any] | None) -> str:
+    """Pre-warm the node's pool from `url` (`kvtiers.ops.pool_snapshot`)."""
+    from kvtiers.ops.pool_snapshot import load_pool
+    from kvtiers.ops.snapshot_store import SnapshotReader
+
+    result = load_pool(node.manager, node.pool.view, node.namespace,
+                       SnapshotReader(url, storage_options=options))
+    node.manager.step()
+    bad = f", {len(result.bad)} failed their checksum (skipped)" if result.bad else ""
+    return f"kvtiers serve: pre-warmed the pool with {result.blocks} blocks from {url}{bad}"
+
+
+def _snapshot_save(node: Any, url: str, options: dict[str, Any] | None) -> str:
+    from kvtiers.ops.pool_snapshot import save_pool
+
+    result = save_pool(node.manager, node.pool.view, node.namespace, url,
+                       storage_options=options)
+    return f"kvtiers serve: saved the pool's {result.blocks} blocks to {url}"
 
 
 def add_p2p_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """`IoContext`: what every request of one tier's jobs needs - the object store, the
-copier threads, a request's time limit, and the background deletes of objects that
-left the index. Shared by `stores.Stores` and `loads.Loads`.
+copier threads, a request's time limit, each request's latency, and the background
+deletes of objects that left the index. Shared by `stores.Stores` and `loads.Loads`.
 
 Threads: built on the scheduler thread (the tier's constructor); `attach` once the
 loop's store exists; everything else runs on the tier's event loop, except
@@ -21,6 +21,7 @@ from kvtiers.tier import TierContext
 
 from kvtiers_s3.errorlog import ErrorLog
 from kvtiers_s3.holdings import Holdings, StoredObject
+from kvtiers_s3.latency import RequestLatency
 from kvtiers_s3.objects import ObjectStore
 from kvtiers_s3.settings import S3Settings
 
@@ -49,6 +50,8 @@ class IoContext:
         self.spawn = spawn
         #: names of objects being deleted (the loop thread's)
         self.deleting: set[str] = set()
+        #: each GET's and PUT's time (recorded on the loop thread)
+        self.latency = RequestLatency()
         # Slot copies and checksums run here, off the loop: a pool access may be slow
         # (a page fault, a test's gate), and the loop must keep serving other requests.
         self.copier = ThreadPoolExecutor(max(1, min(4, settings.concurrency)),

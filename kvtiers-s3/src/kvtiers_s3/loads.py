@@ -6,7 +6,8 @@ GET: a block object, or a coalesced run of records of one segment (`ranges`). Th
 start hook groups the job's keys by object and returns one index per read, its
 *leader* (the first of its keys); the leader's item does the GET - streamed straight
 into the slots where the client streams, else read whole and placed on a copier
-thread (`placing.Placer`) - bounded by `timeout_s` and the job's deadline; the end
+thread (`placing.Placer`) - bounded by `timeout_s` and the job's deadline, its time
+recorded (`latency`, from the GET to its blocks verified in their slots); the end
 hook settles the other keys the way their read went, releases the pins and touches
 what loaded. A broken record (corrupt, truncated, another key's) fails `corrupt`,
 leaves the index, and its object is deleted once no block of it is live; another
@@ -16,6 +17,7 @@ format's or namespace's object is a miss, left alone; a vanished one is a miss.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from kvtiers.jobs import FailureReason
@@ -25,6 +27,7 @@ from kvtiers.sdk import AsyncJobHooks, Job, Pins
 from kvtiers_s3 import codec
 from kvtiers_s3.holdings import StoredObject
 from kvtiers_s3.iocontext import IoContext, engine_failure
+from kvtiers_s3.latency import LOAD
 from kvtiers_s3.objects import classify
 from kvtiers_s3.placing import Placed, Placer
 from kvtiers_s3.ranges import Read, coalesce
@@ -80,11 +83,13 @@ class Loads:
         io, placer = self.io, self.placer
         plan: LoadPlan = job.state
         obj, read = plan.reads[leader]
+        began = time.perf_counter()
         try:
             if io.store.streams:  # straight into the slots, checked there
                 placed = await asyncio.wait_for(io.store.stream(
                     obj.name, read.start, read.end,
                     lambda body: placer.place_stream(job, obj, read, body)), io.timeout(job))
+                io.latency.record(LOAD, time.perf_counter() - began)
                 return self._settle(job, obj, read, placed, leader)
             data = await asyncio.wait_for(io.store.get(obj.name, read.start, read.end),
                                           io.timeout(job))
@@ -98,6 +103,7 @@ class Loads:
                 plan.outcomes[i] = reason
             return reason
         placed = await io.off_loop(placer.place_all, job, obj, read, data)
+        io.latency.record(LOAD, time.perf_counter() - began)
         return self._settle(job, obj, read, placed, leader)
 
     def _settle(self, job: Job, obj: StoredObject, read: Read, placed: list[Placed],

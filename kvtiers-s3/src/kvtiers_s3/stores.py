@@ -28,6 +28,7 @@ from kvtiers.sdk import AsyncJobHooks, Job, Outcome, Pins, Reservation, Verdict
 from kvtiers_s3 import codec, segment
 from kvtiers_s3.holdings import Member, StoredObject, segment_oid
 from kvtiers_s3.iocontext import IoContext, engine_failure
+from kvtiers_s3.latency import STORE
 from kvtiers_s3.names import block_name, segment_name
 from kvtiers_s3.objects import classify
 
@@ -129,6 +130,7 @@ class Stores:
             made.append(members)
             return data if members else None
 
+        began = time.perf_counter()
         try:
             if io.store.streams:  # encoded on the request's own thread: one hand-off
                 await asyncio.wait_for(io.store.put_made(put.name, make), io.timeout(job))
@@ -146,6 +148,7 @@ class Stores:
         members = made[0] if made else {}
         if not members:
             return plan.key_failed.get(leader, FailureReason.IO)
+        io.latency.record(STORE, time.perf_counter() - began)
         plan.stored[leader] = StoredObject(put.oid, put.name, put.size, members, time.time(),
                                            packed=put.packed)
         return plan.key_failed.get(leader)

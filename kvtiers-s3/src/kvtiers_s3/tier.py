@@ -58,6 +58,7 @@ from kvtiers_s3.connect import open_filesystem
 from kvtiers_s3.errorlog import ErrorLog
 from kvtiers_s3.holdings import Holdings, StoredObject, segment_oid
 from kvtiers_s3.iocontext import IoContext
+from kvtiers_s3.latency import RequestLatency
 from kvtiers_s3.loads import LoadPlan, Loads
 from kvtiers_s3.names import SEGMENTS, block_name, namespace_root, parse_name
 from kvtiers_s3.objects import ObjectStore, describe
@@ -281,6 +282,17 @@ class S3Tier(SecondaryTier):
         snap = self._stats.snapshot(usage_bytes=self._holdings.index.committed_bytes)
         snap.errors.update({f"s3.{k}": v for k, v in self._errors.snapshot().items()})
         return snap
+
+    def request_latency(self) -> dict[str, dict[str, Any]]:
+        """Per request, not per job: the p50/p99/max milliseconds of the GETs of
+        load jobs and the PUTs of store jobs so far (`latency.RequestLatency`;
+        any thread)."""
+        return self._io.latency.summary()
+
+    @property
+    def latency(self) -> RequestLatency:
+        """Each request's time (`latency.RequestLatency`), for tools and benches."""
+        return self._io.latency
 
     def close(self) -> None:
         if self._closed:

@@ -50,11 +50,13 @@ from vllm.v1.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
     ScheduleEndContext,
+    TierFilter,
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtiers_vllm.spec_metrics import StatsDelta
+from kvtiers_vllm.store_threshold import StoreThreshold
 
 log = logging.getLogger("kvtiers_vllm")
 
@@ -74,6 +76,13 @@ TIER_PLACES: dict[str, tuple[Medium, Locality]] = {
     "p2p": (Medium.CPU, Locality.REMOTE),
 }
 _CPU = "cpu"
+_MEDIUM_SOURCES = {Medium.STORAGE: CacheHitSource.DISK, Medium.CPU: CacheHitSource.HOST}
+
+
+def hit_source(tier_type: str, place: tuple[Medium, Locality]) -> CacheHitSource:
+    """What vLLM's prefix-hit counters call a hit promoted from a tier of this type
+    (vLLM's own tiers: by medium, `P2P` for peers)."""
+    return CacheHitSource.P2P if tier_type == "p2p" else _MEDIUM_SOURCES[place[0]]
 
 
 class KvtiersManager(OffloadingManager):
@@ -91,8 +100,10 @@ class KvtiersManager(OffloadingManager):
         shutdown_drain_s: float = 5.0,
         stats_interval_s: float = 1.0,
         on_shutdown: Any = None,
+        store_threshold: StoreThreshold | None = None,
     ):
         self._m = manager
+        self._threshold = store_threshold
         self._tier_types = dict(tier_types)
         self._info = dict(info)
         self._shutdown_drain_s = shutdown_drain_s
@@ -112,6 +123,19 @@ class KvtiersManager(OffloadingManager):
         self._fenced_loads: dict[bytes, int] = {}
         self._fenced: set[bytes] | None = None
         self._closed = False
+        # Per tier (config order): vLLM's medium and locality, for requests'
+        # `kv_load_tiers`; the tier allowed by each filter seen, computed once.
+        self._places = [
+            TIER_PLACES.get(kind, (Medium.STORAGE, Locality.REMOTE))
+            for kind in self._tier_types.values()
+        ]
+        self._filters: dict[TierFilter, frozenset[int]] = {}
+        self._hit_sources = {
+            name: hit_source(kind, place)
+            for (name, kind), place in zip(self._tier_types.items(), self._places, strict=True)
+        }
+        # Per request: the blocks it promoted, and the tier each came from.
+        self._sources: dict[str, dict[bytes, CacheHitSource]] = {}
 
     @property
     def kvtiers_manager(self) -> TieringOffloadingManager:
@@ -125,14 +149,53 @@ class KvtiersManager(OffloadingManager):
     # ---------------------------------------------------------------- lookups
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """The pool, then the secondary tiers the request may load from: all of
+        them, or those its `kv_load_tiers` (vLLM's `load_tier_filter`) allows by
+        medium and locality (`TIER_PLACES`), as vLLM's tiering manager filters."""
         fenced = self._fenced
         if fenced is not None and key in fenced:
             return LookupResult.MISS
-        return _RESULTS[self._lookup(key)]
+        load_filter = req_context.load_tier_filter
+        if load_filter is TierFilter.ALL:
+            result = self._lookup(key)
+        else:
+            result = self._lookup(key, self._allowed_tiers(load_filter))
+        if result is KvLookup.HIT_PENDING:
+            self._note_source(key, req_context.req_id)
+        return _RESULTS[result]
+
+    def _allowed_tiers(self, load_filter: TierFilter) -> frozenset[int]:
+        allowed = self._filters.get(load_filter)
+        if allowed is None:
+            allowed = frozenset(
+                i for i, (medium, locality) in enumerate(self._places)
+                if load_filter.allows(medium, locality)
+            )  # fmt: skip
+            self._filters[load_filter] = allowed
+        return allowed
+
+    def _note_source(self, key: OffloadKey, req_id: str) -> None:
+        """A block on its way into the pool for this request: from which tier (a
+        store from the GPU in flight has none)."""
+        sources = self._sources.get(req_id)
+        if sources is not None and key in sources:
+            return
+        tier = self._m.promotion_source(key)
+        if tier is not None:
+            if sources is None:
+                sources = self._sources[req_id] = {}
+            sources[key] = self._hit_sources.get(tier, CacheHitSource.EXTERNAL_UNSPECIFIED)
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
-        # A HIT is read from the CPU pool; a promoted block was a secondary hit
-        # before it landed there, which vLLM's prefix-hit counters do not need.
+        """The tier a hit came from for this request: the secondary tier whose
+        promotion this request's lookup started (`DISK` for fs and s3, `P2P`,
+        `HOST` for a tier in RAM), else the CPU pool (`HOST`), as vLLM's tiering
+        manager reports."""
+        sources = self._sources.get(req_context.req_id)
+        if sources is not None:
+            source = sources.get(key)
+            if source is not None:
+                return source
         return CacheHitSource.HOST
 
     # ---------------------------------------------------------------- loads
@@ -164,11 +227,18 @@ class KvtiersManager(OffloadingManager):
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
-        out = self._m.prepare_store(keys if isinstance(keys, list) else list(keys))
+        keys = keys if isinstance(keys, list) else list(keys)
+        if self._threshold is not None:
+            keys = self._threshold.offer(keys, self._m.slot_of)
+        out = self._m.prepare_store(keys)
         if out is None:
             return None
         if out.keys:
             self._stores.update(dict.fromkeys(out.keys))
+            sources = self._sources.get(req_context.req_id)
+            if sources:  # its promotion failed: the GPU's copy is the one loaded
+                for key in out.keys:
+                    sources.pop(key, None)
         # vLLM's evicted_keys is informational (its events come from take_events).
         return PrepareStoreOutput(
             keys_to_store=cast("list[OffloadKey]", out.keys),
@@ -198,6 +268,7 @@ class KvtiersManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
+        self._sources.pop(req_context.req_id, None)
         self._m.on_request_finished(req_context.req_id)
 
     # ---------------------------------------------------------------- steps
@@ -244,7 +315,10 @@ class KvtiersManager(OffloadingManager):
         with_tiers = now >= self._next_tier_stats
         if with_tiers:
             self._next_tier_stats = now + self._stats_interval_s
-        payload = self._stats.take(self._m.stats(tiers=with_tiers))
+        stats = self._m.stats(tiers=with_tiers)
+        if self._threshold is not None:
+            stats["pool"]["stores_skipped"] = self._threshold.skipped
+        payload = self._stats.take(stats)
         return None if payload.is_empty() else payload
 
     def config_info(self) -> Sequence[ConfigInfoMapping]:
@@ -267,6 +341,7 @@ class KvtiersManager(OffloadingManager):
                 self._fenced_loads[key] = self._fenced_loads.get(key, 0) + n
             self._stores, self._loads = {}, {}
             self._fenced = set(self._fenced_stores) | set(self._fenced_loads)
+        self._sources.clear()
         self._m.reset()
 
     def on_reset_flushed(self) -> None:

@@ -42,6 +42,7 @@ from kvtiers.config.model import KvtiersConfig  # noqa: E402
 from kvtiers.errors import ConfigError  # noqa: E402
 from kvtiers.manager.build import build_manager, num_slots_for, tier_names  # noqa: E402
 from kvtiers.namespace import Namespace  # noqa: E402
+from kvtiers.plugins import get_registry  # noqa: E402
 from kvtiers.pool_view import PoolView  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCaches,
@@ -54,19 +55,19 @@ from vllm.v1.kv_offload.config import OffloadingConfig  # noqa: E402
 from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo  # noqa: E402
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion  # noqa: E402
 
-from kvtiers_vllm import identity  # noqa: E402
+from kvtiers_vllm import identity, store_threshold  # noqa: E402
+from kvtiers_vllm.config_forms import (  # noqa: E402
+    SHUTDOWN_DRAIN_KEY,
+    STATS_INTERVAL_KEY,
+    WORKER_KEY,
+    WORKERS,
+)
 from kvtiers_vllm.manager_adapter import KvtiersManager  # noqa: E402
 from kvtiers_vllm.spec_metrics import metric_definitions  # noqa: E402
 
 log = logging.getLogger("kvtiers_vllm")
 
 SPEC_NAME = "KvtiersOffloadingSpec"
-#: Extra-config keys this spec reads itself (kvtiers' config layer never sees them).
-WORKER_KEY = "kvtiers_worker"
-WORKERS = ("vllm", "kvtiers")
-SHUTDOWN_DRAIN_KEY = "kvtiers_shutdown_drain_s"
-STATS_INTERVAL_KEY = "kvtiers_stats_interval_s"
-_OWN_KEYS = frozenset({WORKER_KEY, SHUTDOWN_DRAIN_KEY, STATS_INTERVAL_KEY})
 #: The config-info labels of the spec: vLLM's CPU tier facts, then which tier.
 INFO_KEYS = (*CPUOffloadingInfo.config_info_keys(), "tier", "tier_type")
 
@@ -98,6 +99,14 @@ class KvtiersOffloadingSpec(OffloadingSpec):
             )
         self.shutdown_drain_s = float(extra.get(SHUTDOWN_DRAIN_KEY, 5.0))
         self.stats_interval_s = float(extra.get(STATS_INTERVAL_KEY, 1.0))
+        # vLLM's CPU spec's store filter (its tiering spec refuses it; this one
+        # keeps the CPU pool's behaviour of vLLM's CPUOffloadingSpec).
+        self.store_threshold = store_threshold.from_extra_config(extra, SPEC_NAME)
+        if self.config.canonical_layout and self.worker_kind == "kvtiers":
+            raise ValueError(
+                f"{SPEC_NAME}: canonical_layout needs vLLM's worker (kvtiers' worker "
+                f"writes vLLM's direct layout); remove {WORKER_KEY} or canonical_layout"
+            )
         # One row of vLLM's shared region per chunk: every worker's part in rank
         # order (one part when the layout is replicated), rounded up to a page.
         self.replicated_layout = bool(config.replicated_layout)
@@ -109,6 +118,7 @@ class KvtiersOffloadingSpec(OffloadingSpec):
         self.num_chunks = (
             self.cpu_bytes_to_use // self.kv_bytes_per_chunk if self.chunk_bytes > 0 else 0
         )
+        self.all_layers_portable: bool | None = None  # canonical_layout: set by the worker
         self._manager: KvtiersManager | None = None
         self._worker: OffloadingWorker | None = None
 
@@ -118,13 +128,23 @@ class KvtiersOffloadingSpec(OffloadingSpec):
         """The extra config read by kvtiers' config layer, with this machine's
         checks (a missing fs capacity is derived from the free space);
         `ValueError` naming every problem."""
-        doc = {k: v for k, v in self.extra_config.items() if k not in _OWN_KEYS}
+        doc = dict(self.extra_config)
         # vLLM built this class (or a subclass of it, found by whatever name): the
-        # spec is known, and the config layer checks only which spec it is.
+        # spec is known, and the config layer checks only which spec it is (its own
+        # keys, `config_forms.SPEC_OPTIONS`, it checks and leaves out).
         doc["spec_name"] = SPEC_NAME
         doc.pop("spec_module_path", None)
+        registry = get_registry()
+        if SPEC_NAME not in registry.vllm_specs:
+            raise ValueError(
+                f"{SPEC_NAME}: kvtiers' config reader does not know this spec: "
+                "kvtiers-vllm's `kvtiers` entry point (kvtiers_vllm.config_forms) is not "
+                "loaded; reinstall kvtiers-vllm (`pip install kvtiers-vllm`, or "
+                "`make setup` in a checkout) and check KVTIERS_PLUGINS_DISABLE / "
+                "KVTIERS_PLUGINS_ALLOW"
+            )
         try:
-            cfg = load_config(doc)
+            cfg = load_config(doc, registry)
         except ConfigError as exc:
             raise ValueError(
                 f"{SPEC_NAME}: kv_connector_extra_config is not a valid kvtiers config "
@@ -187,6 +207,7 @@ class KvtiersOffloadingSpec(OffloadingSpec):
             shutdown_drain_s=self.shutdown_drain_s,
             stats_interval_s=self.stats_interval_s,
             on_shutdown=_releaser(pool, region),
+            store_threshold=self.store_threshold,
         )
 
     def namespace(self) -> Namespace:
@@ -212,12 +233,9 @@ class KvtiersOffloadingSpec(OffloadingSpec):
 
     def create_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         """vLLM's CUDA worker, or kvtiers' swapper (`kvtiers_worker`), over
-        `worker_region()`."""
-        if self.config.canonical_layout:
-            raise ValueError(
-                f"{SPEC_NAME}: canonical_layout is not supported (kvtiers stores vLLM's "
-                "direct layout); remove canonical_layout from kv_connector_extra_config"
-            )
+        `worker_region()`. With `canonical_layout` vLLM's worker writes vLLM's
+        canonical per-layer layout, certified per layer first as vLLM's tiering
+        spec does (`canonical_refs`)."""
         if self.worker_kind == "kvtiers":
             from kvtiers_vllm.worker import KvtiersSwapWorker
 
@@ -234,13 +252,40 @@ class KvtiersOffloadingSpec(OffloadingSpec):
 
         region = self.worker_region()
         try:
+            if self.config.canonical_layout:
+                self.all_layers_portable = canonical_refs(kv_caches, self.config)
             return CPUOffloadingWorker(
                 kv_caches=kv_caches, blocks_per_chunk=self.blocks_per_chunk,
                 num_cpu_chunks=self.num_chunks, mmap_region=region,
+                canonical_layout=self.config.canonical_layout,
             )  # fmt: skip
         except BaseException:
             region.cleanup()
             raise
+
+
+def canonical_refs(kv_caches: CanonicalKVCaches, config: OffloadingConfig) -> bool:
+    """vLLM's check before a canonical layout (`TieringOffloadingSpec`): every layer
+    has a canonical mapping, and a storage namespace shared across topologies only
+    takes parallelism-agnostic layers; whether every layer is portable. Raises
+    `RuntimeError` (vLLM's words) otherwise."""
+    refs = [ref for group in kv_caches.group_data_refs for ref in group]
+    if any(ref.mapping is None for ref in refs):
+        raise RuntimeError(
+            f"{SPEC_NAME}: canonical_layout was requested but the KV cache layout could "
+            "not be certified for canonical offload (offload workers must be exactly the "
+            "TP group, and packed / cross-layer KV layouts are not supported). Remove "
+            "canonical_layout from kv_connector_extra_config."
+        )
+    portable = all(ref.mapping is not None and ref.mapping.parallelism_agnostic for ref in refs)
+    if config.parallel.is_parallelism_agnostic and not portable:
+        raise RuntimeError(
+            f"{SPEC_NAME}: canonical_layout could not certify every layer as "
+            "parallelism-agnostic, but the storage namespace is shared across "
+            "topologies. Remove canonical_layout from kv_connector_extra_config."
+        )
+    log.info("%s: canonical KV layout (all layers portable: %s)", SPEC_NAME, portable)
+    return portable
 
 
 def _releaser(pool: PoolView | None, region: SharedOffloadRegion | None) -> Any:

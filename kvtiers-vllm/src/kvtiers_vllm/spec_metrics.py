@@ -40,6 +40,7 @@ POOL_COUNTERS: dict[str, str] = {
     "loaded_blocks": "Blocks prepared for loading from the CPU pool to the GPU.",
     "store_refused": "prepare_store calls the CPU pool could not take (every block pinned).",
     "evictions": "Blocks evicted from the CPU pool.",
+    "stores_skipped": "Store candidates held back: offered fewer than store_threshold times.",
 }
 #: Pool gauges: name -> (documentation, how to compute it from the pool's stats).
 POOL_GAUGES: dict[str, str] = {
@@ -51,7 +52,8 @@ TIER_COUNTERS: dict[str, str] = {
     "promoted_hits": "Blocks promoted from a secondary tier into the CPU pool.",
     "promotion_failures": "Promotions from a secondary tier that failed.",
     "cascaded_blocks": "Blocks copied from the CPU pool down to a secondary tier.",
-    "cascades_dropped": "Copies down refused (queue full, tier behind or down).",
+    "cascades_dropped": "Copies down never made (tier down, or evicted while deferred).",
+    "cascades_deferred": "Copies down that waited, unpinned, for room in the tier's queue.",
     "cascade_failures": "Copies down that failed.",
     "timeouts": "Tier jobs past their deadline.",
     "lookup_errors": "Tier lookups that raised (counted as misses).",

@@ -78,7 +78,8 @@ class KvtiersSwapWorker(OffloadingWorker):
             )
         base = region.base_tensor.view(torch.uint8).view(region.num_chunks, row)
         self._region: SharedOffloadRegion | None = region
-        self._swapper = DeviceSwapper(layouts, base, rank)
+        self._swapper: DeviceSwapper | None = DeviceSwapper(layouts, base, rank)
+        del base  # the swapper's reference is the only one: `shutdown` drops it
         self._groups = len(layouts)
         # vLLM job id -> swapper job ids not reported yet, bytes, seconds, success
         self._jobs: dict[int, list[int]] = {}
@@ -104,7 +105,7 @@ class KvtiersSwapWorker(OffloadingWorker):
 
     def get_finished(self) -> list[TransferResult]:
         done: list[TransferResult] = []
-        for result in self._swapper.get_finished():
+        for result in self._live().get_finished():
             parent = self._parent.pop(result.job_id)
             totals = self._totals[parent]
             totals[0] += result.bytes_moved
@@ -119,20 +120,32 @@ class KvtiersSwapWorker(OffloadingWorker):
         return done
 
     def wait(self, job_ids: set[int]) -> None:
-        self._swapper.wait([s for j in job_ids for s in self._jobs.get(j, ())])
+        self._live().wait([s for j in job_ids for s in self._jobs.get(j, ())])
 
     def shutdown(self) -> None:
-        self._swapper.close()
+        """Stop the swapper, then unmap the region. The swapper's views of the
+        region go first (with it): a view still exported when vLLM's region closes
+        its mapping keeps it mapped (vLLM logs "Keeping ... mapped")."""
+        swapper, self._swapper = self._swapper, None
+        if swapper is not None:
+            swapper.close()
+            del swapper
         if self._region is not None:
             self._region.cleanup()
             self._region = None
 
     # ---------------------------------------------------------------- internal
 
+    def _live(self) -> DeviceSwapper:
+        if self._swapper is None:
+            raise RuntimeError("KvtiersSwapWorker: used after shutdown")
+        return self._swapper
+
     def _submit(
         self, job_id: int, gpu: GPULoadStoreSpec, cpu: LoadStoreSpec, *, store: bool
     ) -> bool:
         assert isinstance(cpu, CPULoadStoreSpec)
+        swapper = self._live()
         blocks = np.asarray(gpu.block_ids, dtype=np.int64)
         chunks = np.asarray(cpu.block_ids, dtype=np.int64)
         subs: list[int] = []
@@ -149,9 +162,9 @@ class KvtiersSwapWorker(OffloadingWorker):
             # One block per chunk: the group's blocks and chunks pair up in order.
             pages, slots = blocks[at : at + size], chunks[at : at + size]
             if store:
-                self._swapper.submit_store(sub, pages, slots, group=g)
+                swapper.submit_store(sub, pages, slots, group=g)
             else:
-                self._swapper.submit_load(sub, slots, pages, group=g)
+                swapper.submit_load(sub, slots, pages, group=g)
             at += size
         if not subs:  # nothing to copy: report it at the next poll
             sub = self._next
@@ -159,7 +172,7 @@ class KvtiersSwapWorker(OffloadingWorker):
             subs.append(sub)
             self._parent[sub] = job_id
             empty = np.empty(0, np.int64)
-            self._swapper.submit_store(sub, empty, empty, group=0)
+            swapper.submit_store(sub, empty, empty, group=0)
         return True
 
 

@@ -11,8 +11,14 @@ Contract (every policy):
   block was stored in the CPU pool; write_back: the pool is evicting it, dirty). It
   returns whether to queue it. It must be O(1) and never block; its memory must be
   bounded whatever the number of keys offered;
+- `used(key)` is called on the same thread, under the same lock, at each use of a
+  block: a hit in the CPU pool (`lookup` / `lookup_prefix`). A policy that counts
+  touches counts it; the default ignores it. Same bounds as `admit`;
 - a block refused is simply not copied (counted as `cascades_not_admitted`); under
   write_back the victim then leaves the pool at once, as when no tier takes it.
+  Under write_through the refused block stays in the pool: the manager offers it
+  again (`admit`, once) at its next pool hit, so a block whose reuse is proven
+  while it is resident still reaches the tier.
 
 `all` (`AdmitAll`) is never called: the manager skips the hook for it.
 """
@@ -34,6 +40,9 @@ class AdmissionPolicy(ABC):
     @abstractmethod
     def admit(self, key: BlockKey) -> bool:
         """Whether the block `key`, offered now, is copied to the tier."""
+
+    def used(self, key: BlockKey) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """The block `key` was used (a hit in the CPU pool)."""
 
 
 class AdmitAll(AdmissionPolicy):

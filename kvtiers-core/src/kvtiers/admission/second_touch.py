@@ -1,5 +1,6 @@
-"""`second_touch`: a block is cascaded to the tier only when it is offered a second
-time within the window - it proved reuse - never on its first offer.
+"""`second_touch`: a block is cascaded to the tier only when it has been touched
+before within the window - it proved reuse - never on its first touch. A touch is
+an offer (the manager would cascade it) or a use (a hit in the CPU pool, `used`).
 
 Why: every write to an object store costs a request (and money), and most blocks of
 a serving workload are never read again. A block offered twice was needed again
@@ -7,7 +8,12 @@ after its pool copy went (write_through: it was computed and stored a second tim
 write_back: it was evicted a second time); that is the block a secondary tier
 would have served.
 
-The memory of first offers is a doorkeeper in TinyLFU's style: two Bloom filters of
+A use counts: a block stored once and then hit in the pool is admitted at its
+next offer (write_back: its eviction), and under write_through the manager offers
+a refused block again at its next pool hit (`AdmissionPolicy`), so a shared
+prefix that stays resident still reaches the tier, where other engines find it.
+
+The memory of first touches is a doorkeeper in TinyLFU's style: two Bloom filters of
 fixed size (the current and the previous generation). A key is "seen" when either
 has it; a first offer sets its bits in the current one; after `window_blocks` first
 offers the current generation becomes the previous one and a fresh one starts, so
@@ -66,6 +72,17 @@ class SecondTouch(AdmissionPolicy):
         return len(self._current) + len(self._previous)
 
     def admit(self, key: BlockKey) -> bool:
+        if self._touch(key):
+            self.admitted += 1
+            return True
+        self.refused += 1
+        return False
+
+    def used(self, key: BlockKey) -> None:
+        self._touch(key)
+
+    def _touch(self, key: BlockKey) -> bool:
+        """Whether `key` was touched before (within the window); remembers it if not."""
         # Unrolled (PROBES = 4): this runs on the scheduler thread for every block.
         h = hash(key) & _M64
         b = ((h >> 32) | (h << 32)) & _M64 | 1
@@ -74,12 +91,10 @@ class SecondTouch(AdmissionPolicy):
         cur = self._current
         if (cur[p0 >> 3] >> (p0 & 7)) & (cur[p1 >> 3] >> (p1 & 7)) \
                 & (cur[p2 >> 3] >> (p2 & 7)) & (cur[p3 >> 3] >> (p3 & 7)) & 1:
-            self.admitted += 1
             return True
         prev = self._previous
         if (prev[p0 >> 3] >> (p0 & 7)) & (prev[p1 >> 3] >> (p1 & 7)) \
                 & (prev[p2 >> 3] >> (p2 & 7)) & (prev[p3 >> 3] >> (p3 & 7)) & 1:
-            self.admitted += 1
             return True
         cur[p0 >> 3] |= 1 << (p0 & 7)
         cur[p1 >> 3] |= 1 << (p1 & 7)
@@ -90,5 +105,4 @@ class SecondTouch(AdmissionPolicy):
             prev[:] = bytes(len(prev))  # C-speed clear, once per window
             self._previous, self._current = cur, prev
             self._added = 0
-        self.refused += 1
         return False

@@ -77,6 +77,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(0: a free port, printed; needs the `metrics` extra of kvtiers-core)",
     )
 
+    from kvtiers.cli.snapshot_cmd import add_storage_option
+
+    snap = parser.add_argument_group(
+        "CPU pool snapshots (zarr v3 on a directory or fsspec URL; the `snapshot` extra)")
+    snap.add_argument("--snapshot-load", metavar="URL",
+                      help="before the run, pre-warm the configured stack's CPU pool with "
+                      "this snapshot's hottest blocks (each verified; another geometry's "
+                      "is refused)")
+    snap.add_argument("--snapshot-save", metavar="URL",
+                      help="after the run, save the configured stack's CPU pool here, "
+                      "most recently used first")
+    snap.add_argument("--snapshot-hottest", type=int, metavar="N",
+                      help="with --snapshot-save: only the N hottest blocks")
+    add_storage_option(snap)
+
     wl = parser.add_argument_group("workload (same seed, same requests)")
     for flag, key, what in (
         ("--prefixes", "prefixes", "shared prefixes"),
@@ -184,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         if not 0 <= args.metrics_port < 65536:
             raise BenchRefused(f"--metrics-port must be 0..65535, got {args.metrics_port}")
         require_prometheus("kvtiers bench --metrics-port")
+    _check_snapshot_options(args)
     if args.model_check:
         _require_fs("--model-check reloads the model's KV from an fs tier (its third run)")
         from kvtiers.bench.model_check import main as model_check_main
@@ -300,6 +316,7 @@ def _bench(args: argparse.Namespace) -> int:
                     "result": main.as_dict(),
                     "compare": ([r.as_dict() for r in runs] if args.compare else None),
                     "compare_rows": report.compare_rows(runs, cost) if args.compare else None,
+                    "snapshot": getattr(args, "snapshot_results", None),
                 },
             )
             console.print(f"wrote {args.json}")
@@ -393,11 +410,18 @@ def _run_one(
 
     stack = build_stack(cfg, geometry, pages, device=device, kv_layout=args.kv_layout,
                         metrics=recorder)
+    # Snapshots are the configured stack's (the last plan), not --compare's others.
+    snapshots = (label == "configured stack" and stack.manager is not None
+                 and getattr(args, "snapshot_results", None) is not None)
+    max_wait_s = (cfg.job_timeout_s + 1.0) if cfg is not None else 0.0
     if recorder is not None and stack.manager is not None:
         from kvtiers.metrics_instrument import MeteredManager
 
-        stack.manager = MeteredManager(stack.manager, recorder)  # type: ignore[assignment]
+        stack.manager = MeteredManager(  # type: ignore[assignment]
+            stack.manager, recorder, call_timing=cfg.metrics.scheduler_call_timing)
     try:
+        if snapshots and args.snapshot_load is not None:
+            _snapshot_load(args, stack, geometry, console, max(60.0, 4 * max_wait_s))
         with progress_bar(
             not args.no_progress and sys.stdout.isatty(), spec, args.duration, label, console
         ) as update:
@@ -407,11 +431,69 @@ def _run_one(
                 label=label,
                 duration_s=args.duration,
                 progress=update,
-                max_wait_s=(cfg.job_timeout_s + 1.0) if cfg is not None else 0.0,
+                max_wait_s=max_wait_s,
             )
-            return replay.run()
+            result = replay.run()
+        if snapshots and args.snapshot_save is not None:
+            _snapshot_save(args, stack, geometry, console)
+        return result
     finally:
         stack.close()
+
+
+def _check_snapshot_options(args: argparse.Namespace) -> None:
+    """Refuse snapshot options that cannot be honoured, before any work (zarr
+    missing included: an error naming the extra)."""
+    if args.snapshot_hottest is not None:
+        if args.snapshot_save is None:
+            raise BenchRefused("--snapshot-hottest says how much --snapshot-save keeps; "
+                               "give --snapshot-save too")
+        if args.snapshot_hottest < 1:
+            raise BenchRefused("--snapshot-hottest must be at least 1")
+    if args.storage_option and args.snapshot_save is None and args.snapshot_load is None:
+        raise BenchRefused("--storage-option is for --snapshot-save / --snapshot-load")
+    if args.snapshot_save is None and args.snapshot_load is None:
+        return
+    if args.model_check:
+        raise BenchRefused("--snapshot-save / --snapshot-load work on a bench run's CPU "
+                           "pool; --model-check has none")
+    from kvtiers.cli.snapshot_cmd import parse_storage_options
+    from kvtiers.ops.snapshot_store import require_zarr
+
+    require_zarr()
+    args.storage_options = parse_storage_options(args.storage_option)
+    args.snapshot_results = {}
+
+
+def _snapshot_load(args: argparse.Namespace, stack: Any, geometry: Any, console: Any,
+                   timeout_s: float) -> None:
+    """Pre-warm the stack's pool from --snapshot-load, its copies down drained."""
+    from kvtiers.bench.stack import BenchError, bench_namespace
+    from kvtiers.ops.pool_snapshot import load_pool
+    from kvtiers.ops.snapshot_store import SnapshotReader
+
+    reader = SnapshotReader(args.snapshot_load, storage_options=args.storage_options)
+    result = load_pool(stack.manager, stack.pool.view, bench_namespace(geometry), reader)
+    stack.manager.drain(timeout_s)
+    args.snapshot_results["load"] = {"url": args.snapshot_load, **result.as_dict()}
+    console.print(f"  snapshot  pre-warmed the CPU pool with {result.blocks:,} blocks from "
+                  f"{args.snapshot_load}" + (f" ({len(result.bad)} failed their checksum, "
+                                             "skipped)" if result.bad else ""))
+    if result.bad:
+        raise BenchError(f"--snapshot-load: {len(result.bad)} block(s) of "
+                         f"{args.snapshot_load} fail their checksum")
+
+
+def _snapshot_save(args: argparse.Namespace, stack: Any, geometry: Any, console: Any) -> None:
+    from kvtiers.bench.stack import bench_namespace
+    from kvtiers.ops.pool_snapshot import save_pool
+
+    result = save_pool(stack.manager, stack.pool.view, bench_namespace(geometry),
+                       args.snapshot_save, hottest=args.snapshot_hottest,
+                       storage_options=args.storage_options)
+    args.snapshot_results["save"] = {"url": args.snapshot_save, **result.as_dict()}
+    console.print(f"saved the CPU pool's {result.blocks:,} hottest blocks to "
+                  f"{args.snapshot_save}")
 
 
 class BenchRefused(KvtiersError):

@@ -2,14 +2,15 @@
 
 Exit status: 0 when everything loaded, 1 when a plugin failed to load, a name is
 registered twice, or a config schema is not valid (`--check` prints only those,
-for CI). `--options NAME` lists one tier's or policy's options (the configuration
-reference covers the built-ins only).
+for CI). `--options NAME` lists one tier's, policy's or admission policy's options
+(the configuration reference covers the built-ins only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvtiers.plugins.registry import Registered, Registry
@@ -33,9 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--options",
         metavar="NAME",
-        help="show the options of the installed tier or policy NAME: key, type, default, "
-        "description (with --json: its JSON Schema)",
+        help="show the options of the installed tier, policy or admission policy NAME: key, "
+        "type, default, description (with --json: its JSON Schema)",
     )
+
+
+# The kinds whose records carry an options schema, in the order `--options NAME`
+# looks a name up (a name may be both a tier and a policy: the tier wins).
+_WITH_OPTIONS: dict[str, Callable[[Registry], Mapping[str, Registered[Any]]]] = {
+    "tier": lambda r: r.tiers,
+    "policy": lambda r: r.policies,
+    "admission": lambda r: r.admissions,
+}
 
 
 def rows(registry: Registry) -> list[dict[str, Any]]:
@@ -45,10 +55,9 @@ def rows(registry: Registry) -> list[dict[str, Any]]:
 
     out = registry.listing()
     for row in out:
-        if row["status"] != "ok" or row["kind"] not in ("tier", "policy"):
+        if row["status"] != "ok" or row["kind"] not in _WITH_OPTIONS:
             continue
-        table = registry.tiers if row["kind"] == "tier" else registry.policies
-        reg = table.get(row["name"])
+        reg = _WITH_OPTIONS[row["kind"]](registry).get(row["name"])
         problem = schema_problem(reg.record.schema) if reg is not None else None
         if problem:
             row["status"] = "error"
@@ -91,18 +100,19 @@ def _options(registry: Registry, name: str, as_json: bool) -> int:
     from kvtiers.errors import UnknownNameError
     from kvtiers.plugins.registry import unknown_name_message
 
-    reg: Registered[Any] | None = registry.tiers.get(name)
-    kind = "tier"
-    if reg is None and name in registry.policies:
-        reg, kind = registry.policies[name], "policy"
-    if reg is None:
-        # One message for both tables: a NAME is looked up as a tier first.
-        both = {**registry.policies, **registry.tiers}
+    found = [(kind, table(registry)[name]) for kind, table in _WITH_OPTIONS.items()
+             if name in table(registry)]
+    if not found:
+        # One message for every table: a NAME is looked up as a tier first.
+        every: dict[str, Registered[Any]] = {}
+        for table in reversed(_WITH_OPTIONS.values()):
+            every.update(table(registry))
         raise UnknownNameError(
-            unknown_name_message("tier", name, both, registry.failures).replace(
-                "installed tiers", "installed tiers and policies", 1
+            unknown_name_message("tier", name, every, registry.failures).replace(
+                "installed tiers", "installed tiers, policies and admission policies", 1
             )
         )
+    kind, reg = found[0]
     schema = reg.record.schema
     if as_json:
         print(json.dumps(schema, indent=2, default=str))
@@ -112,6 +122,7 @@ def _options(registry: Registry, name: str, as_json: bool) -> int:
     from kvtiers.config.docs import option_rows
 
     about = getattr(reg.record, "description", "") or getattr(reg.record, "help", "")
+    kind = "admission policy" if kind == "admission" else kind
     print(f"{kind} {name!r} from {reg.distribution} {reg.version}: {about}")
     options = option_rows(schema)
     if not options:

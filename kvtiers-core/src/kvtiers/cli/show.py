@@ -1,6 +1,7 @@
 """`kvtiers validate --show`: the resolved stack, every option with its value, the
 defaults filled in and marked, in the order of the schemas (the top level, then
-each tier, nested tiers indented under their wrapper)."""
+each tier, nested tiers indented under their wrapper; each entry of
+`secondary_tiers` ends with its admission policy and that policy's options)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from kvtiers.config import KvtiersConfig, TierSection
 from kvtiers.config.model import thaw
 from kvtiers.config.redact import REDACTED, is_secret
-from kvtiers.config.schema import CORE_SCHEMA, is_tier_schema, properties
+from kvtiers.config.schema import ADMISSION_SCHEMA, CORE_SCHEMA, is_tier_schema, properties
 from kvtiers.humanize import format_bytes
 from kvtiers.plugins.registry import Registry
 
@@ -30,7 +31,28 @@ def render(config: KvtiersConfig, registry: Registry) -> str:
     lines.append(f"{'secondary_tiers':<{_WIDTH}}{len(tiers)} tier{'' if len(tiers) == 1 else 's'}")
     for i, tier in enumerate(tiers):
         lines.extend(_tier(f"[{i}]", tier, registry, "  "))
+        lines.extend(_admission(tier, registry, "    "))
     return "\n".join(lines)
+
+
+def _admission(tier: TierSection, registry: Registry, indent: str) -> list[str]:
+    """The admission policy of an entry of `secondary_tiers` (nested sections have
+    none: the manager never cascades to them), its options under it."""
+    reg = registry.admissions.get(tier.admission)
+    origin = f"{reg.distribution} {reg.version}" if reg is not None else "not installed"
+    text = json.dumps(tier.admission)
+    if tier.admission == ADMISSION_SCHEMA.get("default") and not tier.admission_options:
+        text += "  (default)"
+    else:
+        text += f" ({origin})"
+    lines = [f"{indent}{'admission':<{_WIDTH - len(indent) - 1}} {text}"]
+    props = properties(reg.record.schema) if reg is not None else {}
+    options = thaw(tier.admission_options)
+    keys = [*props, *(k for k in options if k not in props)]
+    for key in keys:
+        if key in options:
+            lines.extend(_option(f"admission.{key}", options[key], props.get(key), indent))
+    return lines
 
 
 def _tier(label: str, tier: TierSection, registry: Registry, indent: str) -> list[str]:
@@ -67,10 +89,10 @@ def _option(key: str, value: Any, schema: Any, indent: str) -> list[str]:
                 out.extend(_option(f"{key}.{name}", value[name], {}, indent))
         return out
     if is_secret(sub):  # a credential: never shown
-        return [f"{indent}{key:<{_WIDTH - len(indent)}}\"{REDACTED}\""]
+        return [f"{indent}{key:<{_WIDTH - len(indent) - 1}} \"{REDACTED}\""]
     text = json.dumps(value, separators=(", ", ": "))
     if "bytes" in key.rsplit(".", 1)[-1] and isinstance(value, int) and not isinstance(value, bool):
         text += f" ({format_bytes(value)})"
     if "default" in sub and value == sub["default"]:
         text += "  (default)"
-    return [f"{indent}{key:<{_WIDTH - len(indent)}}{text}"]
+    return [f"{indent}{key:<{_WIDTH - len(indent) - 1}} {text}"]

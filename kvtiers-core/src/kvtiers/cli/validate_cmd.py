@@ -129,6 +129,8 @@ def summary(config: KvtiersConfig, registry: Registry) -> str:
         lines.append(f"  secondary tiers  {len(config.secondary_tiers)}, searched in this order:")
         for i, tier in enumerate(config.secondary_tiers):
             lines.extend(_tier_lines(tier, registry, f"    {i}. ", "       "))
+            if tier.admission != "all" or tier.admission_options:
+                lines.append(f"       admission: {_admission(tier, registry)}")
     return "\n".join(lines)
 
 
@@ -149,6 +151,17 @@ def _tier_lines(tier: TierSection, registry: Registry, lead: str, indent: str) -
     for key, inner in nested:
         lines.extend(_tier_lines(inner, registry, f"{indent}{key}: ", indent + "  "))
     return lines
+
+
+def _admission(tier: TierSection, registry: Registry) -> str:
+    """The policy's name, and its options that differ from their defaults."""
+    reg = registry.admissions.get(tier.admission)
+    props = properties(reg.record.schema) if reg is not None else {}
+    options = {k: v for k, v in thaw(tier.admission_options).items()
+               if _worth_showing(k, v, props)}
+    if not options:
+        return tier.admission
+    return f"{tier.admission} " + ", ".join(f"{k}={_show(k, v)}" for k, v in options.items())
 
 
 def _worth_showing(key: str, value: Any, props: Mapping[str, Any]) -> bool:

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvtiers.config.model import BreakerConfig, KvtiersConfig, TierSection, WritePolicy
+from kvtiers.config.model import (
+    BreakerConfig,
+    KvtiersConfig,
+    MetricsConfig,
+    TierSection,
+    WritePolicy,
+)
 from kvtiers.config.schema import CORE_SCHEMA
 
 if TYPE_CHECKING:
@@ -23,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CORE_SCHEMA",
     "BreakerConfig",
+    "MetricsConfig",
     "KvtiersConfig",
     "TierSection",
     "WritePolicy",

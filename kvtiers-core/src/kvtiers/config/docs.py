@@ -21,8 +21,12 @@ from kvtiers.config.schema import (
     is_tier_schema,
     properties,
 )
-from kvtiers.config.vllm import CONNECTORS, EXTRA_KEY, KVTIERS_SPEC, TIERING_SPEC
+from kvtiers.config.vllm import CONNECTORS, EXTRA_KEY, TIERING_SPEC
 from kvtiers.plugins.registry import Registry, load_registry
+
+# Named in the page only: the reader learns the spec from kvtiers-vllm's plugin
+# (`kvtiers_register_vllm_specs`).
+KVTIERS_SPEC = "KvtiersOffloadingSpec"
 
 _EXAMPLE = {
     "cpu_bytes_to_use": 2147483648,
@@ -86,9 +90,10 @@ Rules that hold everywhere:
 - Integers beyond 2**64 - 1 and numbers too large to represent (`1e400`) are
   refused wherever they appear.
 - Defaults are filled in from the schemas below; `kvtiers validate --show` lists
-  every option with its value (defaults marked), `kvtiers validate --json` prints
-  the resolved document, and `kvtiers plugins --options NAME` lists the options of
-  any installed tier, including third-party ones this page does not cover.
+  every option with its value (defaults marked), each tier's admission policy and
+  its options too, `kvtiers validate --json` prints the resolved document, and
+  `kvtiers plugins --options NAME` lists the options of any installed tier, policy
+  or admission policy, including third-party ones this page does not cover.
 """
 
 
@@ -168,11 +173,14 @@ that tier (write_through: the block was stored in the CPU pool; write_back: the
 pool is evicting it), on the scheduler thread, in O(1); a refused block is not
 copied and is counted in the tier's `cascades_not_admitted` (`kvtiers bench`,
 `stats()`). Under write_back a refused victim leaves the pool at once, as when no
-tier takes it. `second_touch` admits a block the second time it is offered within
-its window: the first store of a block that is never reused costs the tier nothing
-(no PUT on an object store), a block that comes back is copied then and served from
-the tier from its third use on. Its memory is fixed (two Bloom filters of
-`window_blocks` keys: 4 MiB for a million), whatever the number of keys offered.
+tier takes it. `second_touch` admits a block once it has been touched before
+within its window; a touch is an offer or a use (a hit in the CPU pool). The first
+store of a block that is never reused costs the tier nothing (no PUT on an object
+store); a block hit in the pool is copied at its next offer (write_back: its
+eviction), and under write_through, where no later offer comes while the block
+stays resident, the manager offers a refused block again at its next pool hit.
+Its memory is fixed (two Bloom filters of `window_blocks` keys: 4 MiB for a
+million), whatever the number of keys offered.
 `admission` is not allowed on nested tier sections (the `faulty` tier's `inner`):
 the manager cascades only to the entries of `secondary_tiers`.
 

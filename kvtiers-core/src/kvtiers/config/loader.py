@@ -18,7 +18,7 @@ from typing import Any
 
 from kvtiers.config import machine, stack, vllm
 from kvtiers.config.messages import found
-from kvtiers.config.model import BreakerConfig, KvtiersConfig, TierSection
+from kvtiers.config.model import BreakerConfig, KvtiersConfig, MetricsConfig, TierSection
 from kvtiers.config.numbers import MAX_INTEGER, covered, number_problems
 from kvtiers.config.paths import ROOT, join, path_sort_key
 from kvtiers.config.schema import CORE_SCHEMA
@@ -205,6 +205,8 @@ def _build(doc: dict[str, Any], warnings: list[str], origin: str, fmt: str,
         breaker=BreakerConfig(
             failures=int(breaker["failures"]), cooldown_s=float(breaker["cooldown_s"])
         ),
+        metrics=MetricsConfig(
+            scheduler_call_timing=bool(doc["metrics"]["scheduler_call_timing"])),
         hash_seed=int(doc["hash_seed"]),
         model=doc["model"],
         enable_kv_events=doc["enable_kv_events"],

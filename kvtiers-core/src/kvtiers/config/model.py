@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from kvtiers.config.schema import breaker_default_of, default_of
+from kvtiers.config.schema import breaker_default_of, default_of, metrics_default_of
 
 WritePolicy = Literal["write_through", "write_back"]
 
@@ -63,6 +63,13 @@ class BreakerConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """How metrics are recorded, when something records them (`kvtiers.metrics_instrument`)."""
+
+    scheduler_call_timing: bool = metrics_default_of("scheduler_call_timing")
+
+
+@dataclass(frozen=True)
 class KvtiersConfig:
     """A validated config: everything the manager is built from. Field meanings and
     defaults are those of `kvtiers.config.schema.CORE_SCHEMA` (docs/configuration.md).
@@ -82,6 +89,7 @@ class KvtiersConfig:
     cascade_queue_blocks: int | None = default_of("cascade_queue_blocks")
     job_timeout_s: float = default_of("job_timeout_s")
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     hash_seed: int = default_of("hash_seed")
     model: str | None = default_of("model")
     enable_kv_events: bool = default_of("enable_kv_events")
@@ -101,6 +109,7 @@ class KvtiersConfig:
             "cascade_queue_blocks": self.cascade_queue_blocks,
             "job_timeout_s": self.job_timeout_s,
             "breaker": {"failures": self.breaker.failures, "cooldown_s": self.breaker.cooldown_s},
+            "metrics": {"scheduler_call_timing": self.metrics.scheduler_call_timing},
             "hash_seed": self.hash_seed,
             "model": self.model,
             "enable_kv_events": self.enable_kv_events,

@@ -24,7 +24,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from kvtiers.config.derive import derivations, derive, relaxed
-from kvtiers.config.messages import did_you_mean, found, problems_from_error
+from kvtiers.config.messages import describe, did_you_mean, found, problems_from_error
 from kvtiers.config.model import TierSection, freeze
 from kvtiers.config.paths import PathParts, join
 from kvtiers.config.plugin_hints import disabled_hint
@@ -38,7 +38,8 @@ from kvtiers.config.schema import (
 )
 from kvtiers.errors import ConfigProblem, PluginError, UnknownNameError
 from kvtiers.options import fill_defaults
-from kvtiers.plugins.registry import Registry
+from kvtiers.plugins.records import VllmTierRecord
+from kvtiers.plugins.registry import Registered, Registry
 
 # A wrapper of a wrapper of ... is legal; a thousand of them is a mistake (or an
 # attack on the recursion limit).
@@ -144,8 +145,9 @@ class Checker:
                     join(path, "type"), f"expected a tier name (a string), found {found(name)}"
                 )
             return None
-        if self.vllm and _is_vllm_wrapper(raw):
-            return self._vllm_wrapper(raw, path, depth)
+        form = self._vllm_tier_form(raw) if self.vllm else None
+        if form is not None:
+            return self._vllm_wrapper(form, raw, path, depth)
         try:
             record = self.registry.get("tier", name).record
         except UnknownNameError as exc:
@@ -198,34 +200,45 @@ class Checker:
         options = self.section(record.schema, options, path, owner=f'admission "{name}"')
         return name, options
 
-    def _vllm_wrapper(self, raw: dict[str, Any], path: str, depth: int) -> TierSection | None:
-        """kvtiers-vllm's tier entry of vLLM's config (`{"type": "kvtiers", "tier":
-        {...}}`): vLLM runs the kvtiers tier in `tier` below its own CPU tier, so that
-        section is what this config's stack holds there; the entry's own options are
-        vLLM's (checked here as kvtiers-vllm checks them)."""
-        for key in sorted(set(raw) - _WRAPPER_KEYS):
+    def _vllm_tier_form(self, raw: Mapping[str, Any]) -> Registered[VllmTierRecord] | None:
+        """The plugin's entry form `raw` is (`kvtiers_register_vllm_tiers`): by the
+        short name it registers with vLLM, or by class and module."""
+        name, module = raw.get("type"), raw.get("module_path")
+        for reg in self.registry.vllm_tiers.values():
+            rec = reg.record
+            if (module is None and name == rec.name) or (
+                name == rec.class_name and module == rec.module
+            ):
+                return reg
+        return None
+
+    def _vllm_wrapper(
+        self, form: Registered[VllmTierRecord], raw: dict[str, Any], path: str, depth: int
+    ) -> TierSection | None:
+        """A plugin's tier entry of vLLM's config (kvtiers-vllm's `{"type":
+        "kvtiers", "tier": {...}}`): vLLM runs the kvtiers tier in its inner section
+        below its own CPU tier, so that section is what this config's stack holds
+        there; the entry's own options are checked against the plugin's schemas."""
+        rec, dist = form.record, form.distribution
+        known = {"type", "module_path", rec.inner_key, *rec.options}
+        for key in sorted(set(raw) - known):
             self.warnings.append(
-                f"{join(path, key)}: not an option of kvtiers-vllm's tier entry "
-                f"(known: {', '.join(sorted(_WRAPPER_KEYS))}); kvtiers-vllm ignores it"
+                f"{join(path, key)}: not an option of {dist}'s tier entry "
+                f"(known: {', '.join(sorted(known))}); {dist} ignores it"
             )
-        for key, allowed in (("medium", ("STORAGE", "CPU")), ("locality", ("LOCAL", "REMOTE"))):
-            value = raw.get(key)
-            if value is not None and not (isinstance(value, str) and value.upper() in allowed):
-                self.problem(join(path, key), f"expected one of {', '.join(allowed)}, "
-                             f"found {found(value)}")  # fmt: skip
-        events = raw.get("enable_kv_events", True)
-        if not isinstance(events, bool):
-            self.problem(join(path, "enable_kv_events"), f"expected true or false, found "
-                         f"{found(events)}")  # fmt: skip
-        if "tier" not in raw:
+        for key, schema in rec.options.items():
+            if key in raw and any(Draft202012Validator(schema).iter_errors(raw[key])):
+                self.problem(join(path, key), f"expected {describe(schema)}, found "
+                             f"{found(raw[key])}")  # fmt: skip
+        if rec.inner_key not in raw:
             self.problem(
-                join(path, "tier"),
-                "missing; expected the kvtiers tier section that vLLM runs through "
-                'kvtiers-vllm (for example {"type": "fs", "root_dir": "/mnt/nvme/kv", '
+                join(path, rec.inner_key),
+                f"missing; expected the kvtiers tier section that vLLM runs through "
+                f'{dist} (for example {{"type": "fs", "root_dir": "/mnt/nvme/kv", '
                 '"capacity_bytes": 1000000000000})',
             )
             return None
-        return self.tier(raw["tier"], join(path, "tier"), depth + 1)
+        return self.tier(raw[rec.inner_key], join(path, rec.inner_key), depth + 1)
 
     # -- helpers ----------------------------------------------------------------
 
@@ -301,17 +314,3 @@ class Checker:
                 continue
             node[parts[-1]] = copy.deepcopy(options.pop(vllm_key))
             renames[parts] = (vllm_key,)
-
-
-# kvtiers-vllm's entry in vLLM's `secondary_tiers`: by the short name its vLLM plugin
-# registers, or by class and module.
-_WRAPPER_KEYS = frozenset(
-    {"type", "module_path", "tier", "medium", "locality", "enable_kv_events", "backpressure"}
-)
-
-
-def _is_vllm_wrapper(raw: Mapping[str, Any]) -> bool:
-    name, module = raw.get("type"), raw.get("module_path")
-    if module is None:
-        return name == "kvtiers"
-    return name == "KvtiersTier" and module == "kvtiers_vllm.tier"

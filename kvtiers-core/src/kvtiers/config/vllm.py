@@ -13,7 +13,15 @@ a warning naming them, so a working vLLM config always loads.
 vLLM's own fields are checked as vLLM checks them (`kv_role` is one of three
 names, `kv_port` an integer, ...), and a config that vLLM would never route to
 kvtiers' reading is an error, not a warning: another connector, a connector or
-spec imported from someone else's module, a spec other than the tiering ones.
+spec imported from someone else's module, a spec other than vLLM's tiering spec or
+one a plugin registered.
+
+Plugins contribute vLLM forms through two hooks (`kvtiers.plugins.hookspecs`):
+`kvtiers_register_vllm_specs` (a spec whose extra config is a kvtiers config, with
+the keys it reads itself: kvtiers-vllm's `KvtiersOffloadingSpec`) and
+`kvtiers_register_vllm_tiers` (a `secondary_tiers` entry wrapping a kvtiers tier
+section: kvtiers-vllm's `{"type": "kvtiers", "tier": {...}}`, read by
+`sections.Checker`). This module knows vLLM's names only.
 
 Detection: an object with `kv_connector`, `kv_role` or `kv_connector_extra_config`
 is a whole kv_transfer_config; one with `spec_name` is its extra config; anything
@@ -26,9 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtiers.config.messages import did_you_mean, found, problems_from_error, show
+from kvtiers.config.messages import describe, did_you_mean, found, problems_from_error, show
 from kvtiers.config.paths import ROOT, join
 from kvtiers.config.sections import Checker
+from kvtiers.plugins.records import VllmSpecRecord
 
 NATIVE = "kvtiers"
 VLLM_TRANSFER = "vllm_kv_transfer_config"
@@ -36,14 +45,10 @@ VLLM_EXTRA = "vllm_extra_config"
 
 EXTRA_KEY = "kv_connector_extra_config"
 TIERING_SPEC = "TieringOffloadingSpec"
-# kvtiers-vllm's spec: kvtiers' manager and tiers as vLLM's offloading spec.
-KVTIERS_SPEC = "KvtiersOffloadingSpec"
-SPECS = (TIERING_SPEC, KVTIERS_SPEC)
 CONNECTORS = frozenset({"OffloadingConnector"})
-# Where each spec may be imported from (`spec_module_path`): vLLM's own modules for
-# its tiering spec, kvtiers-vllm's for kvtiers' spec. Anything else is someone
-# else's class that happens to share the name.
-_SPEC_MODULES = {TIERING_SPEC: "vllm", KVTIERS_SPEC: "kvtiers_vllm"}
+# vLLM's own keys of an offloading spec's extra config that a plugin's spec may also
+# read (as vLLM's specs do): never warned about as "only that spec reads it".
+VLLM_EXTRA_KEYS = frozenset({"canonical_layout", "store_threshold", "max_tracker_size"})
 
 # vLLM's own specs that are not a typo of ours (no "did you mean" for them).
 _OTHER_SPECS = frozenset({"CPUOffloadingSpec"})
@@ -123,39 +128,48 @@ def unwrap(doc: dict[str, Any], checker: Checker) -> Unwrapped | None:
                 base, f"expected an object (the connector's options), found {found(extra)}"
             )
             return None
-    _check_spec(extra, base, checker)
-    _check_spec_options(extra, base, checker)
-    native = {k: v for k, v in extra.items() if k not in _SPEC_KEYS and k not in _SPEC_OPTIONS}
+    specs = plugin_specs(checker)
+    _check_spec(extra, base, checker, specs)
+    own = _check_spec_options(extra, base, checker, specs)
+    native = {k: v for k, v in extra.items() if k not in _SPEC_KEYS and k not in own}
     return Unwrapped(native, base, fmt)
 
 
-# Options that kvtiers-vllm's spec reads itself (not the manager's): which worker
-# copies between the GPU and vLLM's CPU region, how often tier stats are sent, how
-# long shutdown waits for cascades in flight.
-_SPEC_OPTIONS: dict[str, tuple[str, Any]] = {
-    "kvtiers_worker": ('one of "vllm" (vLLM\'s CUDA worker) or "kvtiers" (kvtiers\' '
-                       "DeviceSwapper)", lambda v: v in ("vllm", "kvtiers")),
-    "kvtiers_stats_interval_s": ("a number of seconds >= 0", lambda v: _number(v) and v >= 0),
-    "kvtiers_shutdown_drain_s": ("a number of seconds >= 0", lambda v: _number(v) and v >= 0),
-}
+def plugin_specs(checker: Checker) -> dict[str, VllmSpecRecord]:
+    """The specs plugins registered (`kvtiers_register_vllm_specs`; kvtiers-vllm's
+    `KvtiersOffloadingSpec`), by name."""
+    return {name: reg.record for name, reg in sorted(checker.registry.vllm_specs.items())}
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1e9
+def _check_spec_options(
+    extra: Mapping[str, Any], base: str, checker: Checker, specs: Mapping[str, VllmSpecRecord]
+) -> set[str]:
+    """The keys a plugin's spec reads itself: checked against that spec's schemas
+    when it is the spec named, warned about under another spec (vLLM's own keys
+    excepted: vLLM's specs read them). Returns the keys left out of the kvtiers
+    document."""
+    from jsonschema.validators import Draft202012Validator
 
-
-def _check_spec_options(extra: Mapping[str, Any], base: str, checker: Checker) -> None:
     spec = extra.get("spec_name")
-    for key, (expected, ok) in _SPEC_OPTIONS.items():
-        if key not in extra:
+    chosen = specs.get(spec) if isinstance(spec, str) else None
+    own: set[str] = set()
+    for key in extra:
+        if chosen is not None and key in chosen.options:
+            own.add(key)
+            schema = chosen.options[key]
+            if any(Draft202012Validator(schema).iter_errors(extra[key])):
+                checker.problem(
+                    join(base, key), f"expected {describe(schema)}, found {found(extra[key])}"
+                )
             continue
-        if spec != KVTIERS_SPEC:
+        readers = [name for name, rec in specs.items() if key in rec.options]
+        if readers and key not in VLLM_EXTRA_KEYS:
+            own.add(key)
             checker.warnings.append(
-                f"{join(base, key)}: only {KVTIERS_SPEC} reads this option; "
+                f"{join(base, key)}: only {' and '.join(readers)} reads this option; "
                 f"{show(spec) if isinstance(spec, str) else 'this spec'} ignores it"
             )
-        elif not ok(extra[key]):
-            checker.problem(join(base, key), f"expected {expected}, found {found(extra[key])}")
+    return own
 
 
 def _check_transfer(doc: dict[str, Any], checker: Checker) -> None:
@@ -207,11 +221,17 @@ def _check_transfer(doc: dict[str, Any], checker: Checker) -> None:
         )
 
 
-def _check_spec(extra: Mapping[str, Any], base: str, checker: Checker) -> None:
+def _check_spec(
+    extra: Mapping[str, Any], base: str, checker: Checker, specs: Mapping[str, VllmSpecRecord]
+) -> None:
     """`spec_name` and `spec_module_path`: the spec vLLM builds must be one whose
-    options kvtiers reads (vLLM's tiering spec, or kvtiers-vllm's)."""
+    options kvtiers reads (vLLM's tiering spec, or one a plugin registered)."""
     spec = extra.get("spec_name")
-    names = " or ".join(f'"{s}"' for s in SPECS)
+    # Where each spec may be imported from (`spec_module_path`): vLLM's own modules
+    # for its tiering spec, its plugin's package for a plugin's. Anything else is
+    # someone else's class that happens to share the name.
+    modules = {TIERING_SPEC: "vllm", **{name: rec.package for name, rec in specs.items()}}
+    names = " or ".join(f'"{s}"' for s in modules)
     where = join(base, "spec_name")
     if spec is None:
         checker.problem(
@@ -224,10 +244,10 @@ def _check_spec(extra: Mapping[str, Any], base: str, checker: Checker) -> None:
     if not isinstance(spec, str):
         checker.problem(where, f"expected a spec name (a string), found {found(spec)}")
         return
-    if spec not in SPECS:
+    if spec not in modules:
         checker.problem(
             where,
-            f"is {show(spec)}{'' if spec in _OTHER_SPECS else did_you_mean(spec, SPECS)}: "
+            f"is {show(spec)}{'' if spec in _OTHER_SPECS else did_you_mean(spec, modules)}: "
             "vLLM builds that spec, which "
             f"does not read these options as kvtiers does: set \"spec_name\": {names}",
         )
@@ -238,12 +258,12 @@ def _check_spec(extra: Mapping[str, Any], base: str, checker: Checker) -> None:
         return
     if not isinstance(module, str):
         checker.problem(where, f"expected a module path (a string), found {found(module)}")
-    elif not _within(module, _SPEC_MODULES[spec]):
+    elif not _within(module, modules[spec]):
         checker.problem(
             where,
             f"is {show(module)}: vLLM would import {spec} from that module, a class "
             f"kvtiers knows nothing of; remove spec_module_path (vLLM finds {spec} by "
-            f"name), or name a module of {_SPEC_MODULES[spec]}",
+            f"name), or name a module of {modules[spec]}",
         )
 
 

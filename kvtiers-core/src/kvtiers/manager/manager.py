@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtiers.clock import Clock, monotonic
@@ -110,6 +110,7 @@ class TieringOffloadingManager(ParentManager):
         self._state = self._slots.state
         self._scan_prefix = self._slots.scan_prefix
         self._copy_down = self._traffic.copy_down
+        self._judged = bool(self._traffic.judged)
         self._cascade = self._traffic.cascade if tiers else None
         self._closed = False
         self.counters = {
@@ -142,23 +143,34 @@ class TieringOffloadingManager(ParentManager):
 
     # ------------------------------------------------------------------ lookups
 
-    def lookup(self, key: BlockKey) -> LookupResult:
+    def lookup(self, key: BlockKey, tiers: Container[int] | None = None) -> LookupResult:
         """Where `key` is: HIT (pool, readable now), HIT_PENDING, RETRY or MISS.
-        A hit in a secondary tier reserves a slot and starts a promotion."""
+        A hit in a secondary tier reserves a slot and starts a promotion. `tiers`:
+        the indices (config order) of the secondary tiers that may be asked (a
+        request's own choice of where it loads from); None: every tier. The pool
+        is always asked."""
         with self._lock:
-            return self._lookup(key)
+            return self._lookup(key, tiers)
 
-    def _lookup(self, key: BlockKey) -> LookupResult:
+    def promotion_source(self, key: BlockKey) -> str | None:
+        """The name of the tier whose promotion of `key` into the pool is on its way
+        (its lookups answer HIT_PENDING), else None."""
+        with self._lock:
+            return self._traffic.promotion_source(key)
+
+    def _lookup(self, key: BlockKey, tiers: Container[int] | None = None) -> LookupResult:
         c = self.counters
         c["lookups"] += 1
         slot = self._get(key)
         if slot is not None:
             if self._state[slot] == READY:
                 c["hits"] += 1
+                if self._judged:  # a use: admission policies count it
+                    self._traffic.used(key, slot)
                 return LookupResult.HIT
             c["pending"] += 1
             return LookupResult.HIT_PENDING
-        result = self._traffic.lookup(key) if self._has_tiers else LookupResult.MISS
+        result = self._traffic.lookup(key, tiers) if self._has_tiers else LookupResult.MISS
         if result is LookupResult.MISS:
             c["misses"] += 1
         elif result is LookupResult.RETRY:
@@ -345,6 +357,13 @@ class TieringOffloadingManager(ParentManager):
     def slot_of(self, key: BlockKey) -> int | None:
         """The slot of a resident block (tests, peers); None if absent."""
         return self._get(key)
+
+    def resident_blocks(self) -> list[tuple[BlockKey, int]]:
+        """The pool's readable blocks `(key, slot)` in its policy's eviction order:
+        the next victim first, the hottest last (`kvtiers.ops.pool_snapshot`).
+        O(resident blocks): a tool's call, not a step's."""
+        with self._lock:
+            return self._slots.ready_by_use()
 
     def stats(self, *, tiers: bool = True) -> dict[str, Any]:
         """The pool's counters and each tier's (`tiers=False`: the pool's only, cheap

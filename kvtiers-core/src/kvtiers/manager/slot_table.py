@@ -101,6 +101,18 @@ class SlotTable:
         """Resident blocks."""
         return len(self._policy)
 
+    def ready_by_use(self) -> list[tuple[BlockKey, int]]:
+        """Every READY block `(key, slot)` in the policy's eviction order (its
+        `export`: the next victim first, pinned blocks last). O(resident): for tools
+        (a snapshot of the pool), never a step's work."""
+        get, state = self.get, self._state
+        out = []
+        for key in self._policy.export():
+            slot = get(key)
+            if slot is not None and state[slot] == READY:
+                out.append((key, slot))
+        return out
+
     def ready_slots(self, keys: Sequence[BlockKey]) -> list[int] | None:
         """The slots of `keys` if every one is READY, else None. Takes no holds."""
         get, state = self.get, self._state

@@ -21,7 +21,8 @@ class TierCounters:
     promoted_hits: int = 0  # blocks promoted from this tier into the pool (credited hits)
     promotion_failures: int = 0
     cascaded_blocks: int = 0  # blocks copied down successfully
-    cascades_dropped: int = 0  # cascades refused because the queue was full or tier down
+    cascades_dropped: int = 0  # copies never made: tier down, or evicted while deferred
+    cascades_deferred: int = 0  # cascades that waited (unpinned) for room in the queue
     cascades_not_admitted: int = 0  # cascades the tier's admission policy refused
     cascade_failures: int = 0
     timeouts: int = 0  # jobs past their deadline
@@ -46,6 +47,9 @@ class TierRuntime:
     admission: AdmissionPolicy | None = None  # None: every block is admitted (`all`)
     # Cascades waiting for submission: (key, slot). Each queued entry holds a pin.
     queue: deque[tuple[BlockKey, int]] = field(default_factory=deque)
+    # Cascades that found the queue full (write_through): (key, slot), holding no
+    # pin; queued in order as room frees if the block is still in its slot.
+    deferred: deque[tuple[BlockKey, int]] = field(default_factory=deque)
     # Promotions reserved during this step, submitted as one job in step().
     promotions: list[tuple[BlockKey, int]] = field(default_factory=list)
     inflight_cascade_blocks: int = 0
@@ -53,6 +57,11 @@ class TierRuntime:
     # pinned (cascades) or quarantined (promotions). Counted against `queue_limit`.
     stuck_blocks: int = 0
     counters: TierCounters = field(default_factory=TierCounters)
+    # write_through, with an admission policy: blocks its policy refused when they
+    # were stored, still perhaps in the pool (the oldest forgotten past `num_slots`
+    # entries: at most one per slot can still be resident). A pool hit of one offers
+    # it again (`TierTraffic.used`).
+    refused: dict[BlockKey, None] = field(default_factory=dict)
 
 
 @dataclass

@@ -15,7 +15,7 @@ logged, counted against its breaker and treated as a miss or a failed job.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtiers.clock import Clock
@@ -24,6 +24,7 @@ from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.manager.breaker import CircuitBreaker
 from kvtiers.manager.event_log import EventLog
+from kvtiers.manager.slot_state import READY
 from kvtiers.manager.slot_table import SlotTable
 from kvtiers.manager.tier_runtime import TierJob, TierRuntime
 from kvtiers.tier import SecondaryTier
@@ -66,6 +67,8 @@ class TierTraffic:
         self._timeout = job_timeout_s
         self._max_job = max_job_blocks
         self._max_inflight = max_inflight_cascade_blocks
+        # Deferred copies cost no pin, only an entry: at most one per pool slot.
+        self._defer_limit = slots.num_slots
         self.tiers = [
             TierRuntime(
                 i, names[i], t, CircuitBreaker(clock, breaker_failures, breaker_cooldown_s),
@@ -74,6 +77,10 @@ class TierTraffic:
             for i, t in enumerate(tiers)
         ]  # fmt: skip
         self.jobs: dict[int, TierJob] = {}
+        #: the tiers with an admission policy (that count uses of blocks)
+        self.judged = [rt for rt in self.tiers if rt.admission is not None]
+        # Promotions on their way (reserved, submitted, not landed): key -> tier name.
+        self._promoting: dict[BlockKey, str] = {}
         for rt in self.tiers:
             reporter = getattr(getattr(rt.tier, "ctx", None), "events", None)
             if isinstance(reporter, TierEvents):
@@ -81,13 +88,15 @@ class TierTraffic:
 
     # ------------------------------------------------------------------ lookups
 
-    def lookup(self, key: BlockKey) -> LookupResult:
-        """Ask the tiers in order for a block the pool lacks. A HIT reserves a slot
-        and queues its promotion for this step's job: HIT_PENDING. MISS also when
-        no slot can be had."""
+    def lookup(self, key: BlockKey, only: Container[int] | None = None) -> LookupResult:
+        """Ask the tiers in order (those whose index is in `only`, if given) for a
+        block the pool lacks. A HIT reserves a slot and queues its promotion for
+        this step's job: HIT_PENDING. MISS also when no slot can be had."""
         retry = False
         for rt in self.tiers:
             if rt.stuck_blocks >= rt.queue_limit or not rt.breaker.allows():
+                continue
+            if only is not None and rt.index not in only:
                 continue
             try:
                 answer = rt.tier.lookup(key)
@@ -101,45 +110,110 @@ class TierTraffic:
                 if slot is None:
                     return LookupResult.MISS
                 rt.promotions.append((key, slot))
+                self._promoting[key] = rt.name
                 return LookupResult.HIT_PENDING
             if answer is LookupResult.RETRY:
                 retry = True
         return LookupResult.RETRY if retry else LookupResult.MISS
 
+    def promotion_source(self, key: BlockKey) -> str | None:
+        """The name of the tier promoting `key` into the pool, while it is on its way."""
+        return self._promoting.get(key)
+
     # ------------------------------------------------------------------ cascades
 
     def cascade(self, key: BlockKey, slot: int) -> None:
-        """Queue copies of a just-stored block to every tier (write_through)."""
+        """Queue copies of a just-stored block to every tier (write_through). A tier
+        whose queue is full gets it later: deferred, holding no pin, queued in order
+        as the tier catches up if the block is still in its slot then."""
         for rt in self.tiers:
-            self._queue_cascade(rt, key, slot)
+            self._queue_cascade(rt, key, slot, defer=True, remember=True)
+
+    def used(self, key: BlockKey, slot: int) -> None:
+        """A pool hit of `key`, readable at `slot`: a use of the block, which the
+        admission policies count as a touch (`AdmissionPolicy.used`). A block a
+        tier's policy refused when it was stored (write_through) is offered to that
+        tier again now, once: its reuse is proven while it is still in the pool, and
+        no later store would offer it. O(1) per tier that has a policy; only called
+        when `judged` is not empty."""
+        for rt in self.judged:
+            rt.admission.used(key)  # type: ignore[union-attr]  # judged: has one
+            if rt.refused and key in rt.refused:
+                del rt.refused[key]
+                self._queue_cascade(rt, key, slot, defer=True, remember=True)
 
     def copy_down(self, key: BlockKey, slot: int) -> bool:
         """Queue copies of a dirty victim to every tier (write_back); False when no
-        tier took it."""
+        tier took it (a victim leaves now: it cannot wait for room)."""
         queued = False
         for rt in self.tiers:
             if self._queue_cascade(rt, key, slot):
                 queued = True
         return queued
 
-    def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int) -> bool:
-        """Queue a copy of the block to `rt` (taking a hold), or drop and count it
-        when the tier's queued plus running cascades reach its bound or it is down."""
-        busy = len(rt.queue) + rt.inflight_cascade_blocks + rt.stuck_blocks
-        if busy >= rt.queue_limit or not rt.breaker.allows():
+    def _queue_cascade(self, rt: TierRuntime, key: BlockKey, slot: int, *,
+                       defer: bool = False, remember: bool = False) -> bool:
+        """Queue a copy of the block to `rt` (taking a hold) when its queued plus
+        running cascades are below its bound; else defer it (`defer`, without a
+        hold, at most `_defer_limit` of them) or drop and count it. A tier that is
+        down gets nothing. `remember`: a block the admission policy refuses stays in
+        the block pool (write_through), so a pool hit may offer it again. True when
+        queued or deferred."""
+        if not rt.breaker.allows():
+            rt.counters.cascades_dropped += 1
+            return False
+        full = len(rt.queue) + rt.inflight_cascade_blocks + rt.stuck_blocks >= rt.queue_limit
+        if full and not defer:
             rt.counters.cascades_dropped += 1
             return False
         if rt.admission is not None and not rt.admission.admit(key):  # None: admit all
             rt.counters.cascades_not_admitted += 1
+            if remember:
+                refused = rt.refused
+                refused[key] = None
+                if len(refused) > self._slots.num_slots:  # bounded: the oldest goes
+                    del refused[next(iter(refused))]
             return False
+        if rt.refused:  # refused once, admitted now (stored again): no second offer
+            rt.refused.pop(key, None)
+        if full or rt.deferred:  # behind the copies deferred before it: prefix order
+            if len(rt.deferred) >= self._defer_limit:
+                rt.counters.cascades_dropped += 1
+                return False
+            rt.deferred.append((key, slot))
+            rt.counters.cascades_deferred += 1
+            return True
         rt.queue.append((key, slot))
         self._slots.hold(key, slot)
         return True
+
+    def _queue_deferred(self, rt: TierRuntime) -> None:
+        """Move deferred copies into the queue while it has room (taking their
+        holds). A block that left its slot or is not readable there any more was
+        evicted before its turn: that copy is dropped (counted). A tier that went
+        down drops them all."""
+        deferred = rt.deferred
+        if not rt.breaker.allows():
+            rt.counters.cascades_dropped += len(deferred)
+            deferred.clear()
+            return
+        room = rt.queue_limit - len(rt.queue) - rt.inflight_cascade_blocks - rt.stuck_blocks
+        get, state, hold, queue = self._slots.get, self._slots.state, self._slots.hold, rt.queue
+        while deferred and room > 0:
+            key, slot = deferred.popleft()
+            if get(key) != slot or state[slot] != READY:
+                rt.counters.cascades_dropped += 1
+                continue
+            queue.append((key, slot))
+            hold(key, slot)
+            room -= 1
 
     def drop_queued(self) -> None:
         """Forget every cascade not yet submitted (their holds go)."""
         release = self._slots.release
         for rt in self.tiers:
+            rt.counters.cascades_dropped += len(rt.deferred)
+            rt.deferred.clear()
             while rt.queue:
                 key, slot = rt.queue.popleft()
                 rt.counters.cascades_dropped += 1
@@ -162,6 +236,8 @@ class TierTraffic:
         self._expire()
         for rt in self.tiers:
             self._submit_promotions(rt)
+            if rt.deferred:
+                self._queue_deferred(rt)
             self._submit_cascades(rt)
 
     def _finish(self, result: JobResult) -> None:
@@ -190,7 +266,9 @@ class TierTraffic:
         ok = set(result.ok)
         slots = self._slots
         landed: list[BlockKey] = []
+        promoting = self._promoting
         for key, slot in zip(job.keys, job.slots, strict=True):
+            promoting.pop(key, None)
             if key in failed or key not in ok:  # a key the tier did not report ok
                 job.tier.counters.promotion_failures += 1
                 slots.drop_reserved(key, slot)
@@ -226,6 +304,7 @@ class TierTraffic:
             rt.breaker.failure()
             if job.kind == "promote":
                 for key, slot in zip(job.keys, job.slots, strict=True):
+                    self._promoting.pop(key, None)
                     self._slots.quarantine(key, slot)
             # A timed-out cascade keeps its holds: the tier may still be reading the
             # slots, so they must not be reused until it reports.
@@ -258,6 +337,7 @@ class TierTraffic:
                 rt.breaker.failure()
                 for key, slot in chunk:
                     rt.counters.promotion_failures += 1
+                    self._promoting.pop(key, None)
                     self._slots.drop_reserved(key, slot)
 
     def _submit_cascades(self, rt: TierRuntime) -> None:
@@ -298,11 +378,13 @@ class TierTraffic:
 
     def idle(self) -> bool:
         """No job running, no cascade queued, no promotion waiting for the step."""
-        return not self.jobs and not any(rt.queue or rt.promotions for rt in self.tiers)
+        return not self.jobs and not any(
+            rt.queue or rt.promotions or rt.deferred for rt in self.tiers
+        )
 
     def progress(self) -> tuple[set[int], list[int]]:
         """What changes when work moves on (jobs running, cascades queued)."""
-        return set(self.jobs), [len(rt.queue) for rt in self.tiers]
+        return set(self.jobs), [len(rt.queue) + len(rt.deferred) for rt in self.tiers]
 
     def drain_tiers(self, timeout: float | None) -> None:
         """Wait for each tier's running jobs (blocks; call without the lock)."""
@@ -341,7 +423,7 @@ class TierTraffic:
         """Per tier, what the manager credits it with (for `stats()`)."""
         return [
             (rt, {**vars(rt.counters), "breaker": rt.breaker.state.value,
-                  "queued_cascades": len(rt.queue)})
+                  "queued_cascades": len(rt.queue), "deferred_cascades": len(rt.deferred)})
             for rt in self.tiers
         ]  # fmt: skip
 

@@ -4,13 +4,19 @@ side holds more than one chunk of blocks.
 
     attributes  kvtiers_snapshot (format version), namespace (fingerprint), model,
                 revision, format_version, groups (geometry per KV group),
-                block_bytes, checksum ("xxh3_64"), order ("hottest first"), blocks
+                block_bytes, checksum ("xxh3_64"), order ("hottest first"),
+                hottest_by (what "hottest" meant where it was saved: "recency",
+                the policy's order of use; or "stored_at", newest first), source
+                (the tier's name, or "cpu" for the CPU pool), blocks
     keys        uint8 [n, max key length], zero padded
     key_lengths uint16 [n]
     checksums   uint64 [n]   kvtiers.integrity.checksum of each block's bytes
     blocks      uint8 [n, block_bytes], chunks of whole blocks (~8 MiB), uncompressed
 
-Needs zarr (the extra `kvtiers-core[snapshot]`).
+Needs zarr (the extra `kvtiers-core[snapshot]`). `storage_options` are fsspec's
+(for `s3://`: `key`, `secret`, `endpoint_url`, ...); without them fsspec and the
+S3 client read their usual environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`,
+`FSSPEC_S3_*`). Errors opening a store never repeat the options (credentials).
 """
 
 from __future__ import annotations
@@ -46,6 +52,11 @@ def _zarr() -> Any:
     return zarr
 
 
+def require_zarr() -> None:
+    """`MissingExtraError` naming the extra when zarr cannot be imported."""
+    _zarr()
+
+
 def rows_per_chunk(block_bytes: int) -> int:
     return max(1, CHUNK_BYTES // block_bytes)
 
@@ -54,17 +65,25 @@ class SnapshotWriter:
     """Append blocks (`add`), then `close()`; the arrays grow a chunk at a time."""
 
     def __init__(self, url: str, namespace: Namespace, block_bytes: int, *,
-                 storage_options: Mapping[str, Any] | None = None):
+                 storage_options: Mapping[str, Any] | None = None,
+                 hottest_by: str = "recency", source: str = ""):
         zarr = _zarr()
         self.block_bytes = block_bytes
         self.rows = rows_per_chunk(block_bytes)
-        self._group = zarr.open_group(url, mode="w", storage_options=storage_options)
+        self.url = url
+        try:
+            self._group = zarr.open_group(url, mode="w",
+                                          storage_options=_options(storage_options))
+        except Exception as exc:  # noqa: BLE001 - fsspec's and its clients' (botocore)
+            raise SnapshotError(f"{url}: cannot create a snapshot there "
+                                f"({describe_error(exc, storage_options)})") from exc
         self._group.attrs.update({
             "kvtiers_snapshot": SNAPSHOT_VERSION, "namespace": namespace.fingerprint,
             "model": namespace.model, "revision": namespace.revision,
             "format_version": namespace.format_version,
             "groups": [asdict(g) for g in namespace.groups], "block_bytes": block_bytes,
-            "checksum": "xxh3_64", "order": "hottest first", "blocks": 0})
+            "checksum": "xxh3_64", "order": "hottest first", "hottest_by": hottest_by,
+            "source": source, "blocks": 0})
         g = self._group
         self._keys = g.create_array("keys", shape=(0, MAX_KEY), chunks=(self.rows, MAX_KEY),
                                     dtype="uint8", compressors=None)
@@ -119,10 +138,12 @@ class SnapshotReader:
     def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None):
         zarr = _zarr()
         try:
-            self._group = zarr.open_group(url, mode="r", storage_options=storage_options)
+            self._group = zarr.open_group(url, mode="r",
+                                          storage_options=_options(storage_options))
             attrs = self._group.attrs.asdict()
-        except (FileNotFoundError, KeyError, ValueError, OSError) as exc:
-            raise SnapshotError(f"{url}: not a readable kvtiers snapshot ({exc})") from exc
+        except Exception as exc:  # noqa: BLE001 - fsspec's and its clients' (botocore)
+            raise SnapshotError(f"{url}: not a readable kvtiers snapshot "
+                                f"({describe_error(exc, storage_options)})") from exc
         if attrs.get("kvtiers_snapshot") != SNAPSHOT_VERSION:
             raise SnapshotError(f"{url}: not a kvtiers snapshot of version {SNAPSHOT_VERSION}")
         try:
@@ -140,19 +161,39 @@ class SnapshotReader:
         self._blocks = self._group["blocks"]
         self.count = int(self._blocks.shape[0])
 
-    def chunks(self) -> Iterator[list[tuple[BlockKey, int, memoryview]]]:
-        """(key, stored checksum, block bytes) of every block, hottest first, one
-        chunk of rows at a time."""
+    def chunks(self, *, first: int | None = None, coldest_first: bool = False
+               ) -> Iterator[list[tuple[BlockKey, int, memoryview]]]:
+        """(key, stored checksum, block bytes) of every block (only the `first`
+        hottest), hottest first, one chunk of rows at a time; `coldest_first`: the
+        same rows the other way round (chunks read from the end)."""
         g, rows = self._group, rows_per_chunk(self.block_bytes)
-        for start in range(0, self.count, rows):
-            end = min(self.count, start + rows)
+        count = self.count if first is None else max(0, min(first, self.count))
+        starts = range(0, count, rows)
+        for start in (reversed(starts) if coldest_first else starts):
+            end = min(count, start + rows)
             keys = np.asarray(g["keys"][start:end])
             lens = np.asarray(g["key_lengths"][start:end])
             sums = np.asarray(g["checksums"][start:end])
             data = np.ascontiguousarray(self._blocks[start:end], dtype=np.uint8).reshape(-1).data
             bb = self.block_bytes
-            yield [(bytes(keys[i, : int(lens[i])]), int(sums[i]), data[i * bb : (i + 1) * bb])
+            out = [(bytes(keys[i, : int(lens[i])]), int(sums[i]), data[i * bb : (i + 1) * bb])
                    for i in range(end - start)]
+            yield out[::-1] if coldest_first else out
 
 
-__all__ = ["SNAPSHOT_EXTRA", "SnapshotError", "SnapshotReader", "SnapshotWriter"]
+def _options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return None if options is None else dict(options)
+
+
+def describe_error(exc: BaseException, options: Mapping[str, Any] | None) -> str:
+    """What went wrong: the exception's type and message, with every string value
+    of `options` (a secret, a token) blanked should the message repeat one."""
+    text = str(exc).strip() or "no details"
+    for value in (options or {}).values():
+        if isinstance(value, str) and len(value) >= 4:
+            text = text.replace(value, "***")
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+__all__ = ["SNAPSHOT_EXTRA", "SnapshotError", "SnapshotReader", "SnapshotWriter", "describe_error",
+           "require_zarr"]

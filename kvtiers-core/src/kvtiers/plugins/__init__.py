@@ -2,7 +2,13 @@
 the core's built-ins and every `kvtiers` entry point."""
 
 from kvtiers.plugins.hookspecs import hookimpl
-from kvtiers.plugins.records import CommandRecord, PolicyRecord, TierRecord
+from kvtiers.plugins.records import (
+    CommandRecord,
+    PolicyRecord,
+    TierRecord,
+    VllmSpecRecord,
+    VllmTierRecord,
+)
 from kvtiers.plugins.registry import (
     PluginFailure,
     Registered,
@@ -18,6 +24,8 @@ __all__ = [
     "Registered",
     "Registry",
     "TierRecord",
+    "VllmSpecRecord",
+    "VllmTierRecord",
     "get_registry",
     "hookimpl",
     "load_registry",

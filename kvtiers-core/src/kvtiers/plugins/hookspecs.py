@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pluggy
 
-from kvtiers.plugins.records import AdmissionRecord, CommandRecord, PolicyRecord, TierRecord
+from kvtiers.plugins.records import (
+    AdmissionRecord,
+    CommandRecord,
+    PolicyRecord,
+    TierRecord,
+    VllmSpecRecord,
+    VllmTierRecord,
+)
 
 PROJECT = "kvtiers"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -32,3 +39,14 @@ def kvtiers_register_admissions() -> list[AdmissionRecord]:  # type: ignore[empt
 @hookspec
 def kvtiers_register_commands() -> list[CommandRecord]:  # type: ignore[empty-body]
     """`kvtiers` sub-commands this plugin provides."""
+
+
+@hookspec
+def kvtiers_register_vllm_specs() -> list[VllmSpecRecord]:  # type: ignore[empty-body]
+    """vLLM offloading specs whose extra config is a kvtiers config, with the keys
+    each reads itself (`kvtiers validate` reads vLLM configs that name them)."""
+
+
+@hookspec
+def kvtiers_register_vllm_tiers() -> list[VllmTierRecord]:  # type: ignore[empty-body]
+    """Entry forms of vLLM's `secondary_tiers` that wrap a kvtiers tier section."""

@@ -128,3 +128,42 @@ class CommandRecord:
 
     def load_run(self) -> Callable[[argparse.Namespace], int]:
         return _resolve_callable(self.run)
+
+
+@dataclass(frozen=True)
+class VllmSpecRecord:
+    """An offloading spec for vLLM's `OffloadingConnector` whose
+    `kv_connector_extra_config` is read as a kvtiers config, as vLLM's own
+    `TieringOffloadingSpec`'s is (`kvtiers validate` and `load_config` read it).
+
+    `name` is its `spec_name`; `package` where a `spec_module_path` naming it may
+    point (that package or a module in it). `options` are JSON Schema properties of
+    the extra-config keys the spec reads itself rather than kvtiers' manager: they
+    are checked against these schemas and left out of the kvtiers config; under
+    another spec they are warned about (that spec ignores them), unless they are
+    vLLM's own keys (`kvtiers.config.vllm.VLLM_EXTRA_KEYS`), which vLLM's specs read
+    too."""
+
+    name: str
+    package: str
+    description: str
+    contract_version: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VllmTierRecord:
+    """An entry of vLLM's `secondary_tiers` that runs a kvtiers tier section under
+    vLLM's own CPU tier: `{"type": name, inner_key: {a kvtiers tier section},
+    ...options}`, or the same with `"type": class_name, "module_path": module`.
+    `kvtiers validate` reads the section in `inner_key` as the tier of this config's
+    stack (its paths inside vLLM's document) and checks the entry's own keys against
+    `options` (JSON Schema properties); a key it does not list is warned about."""
+
+    name: str
+    class_name: str
+    module: str
+    description: str
+    contract_version: int
+    inner_key: str = "tier"
+    options: Mapping[str, Any] = field(default_factory=dict)

@@ -32,7 +32,14 @@ import pluggy
 from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.errors import PluginError, UnknownNameError
 from kvtiers.plugins import hookspecs
-from kvtiers.plugins.records import AdmissionRecord, CommandRecord, PolicyRecord, TierRecord
+from kvtiers.plugins.records import (
+    AdmissionRecord,
+    CommandRecord,
+    PolicyRecord,
+    TierRecord,
+    VllmSpecRecord,
+    VllmTierRecord,
+)
 
 ENTRY_POINT_GROUP = "kvtiers"
 ENV_DISABLE = "KVTIERS_PLUGINS_DISABLE"
@@ -47,9 +54,13 @@ DEFAULT_PLUGINS = (
 )
 BUILTIN = "builtin"
 
-R = TypeVar("R", TierRecord, PolicyRecord, AdmissionRecord, CommandRecord)
+R = TypeVar(
+    "R", TierRecord, PolicyRecord, AdmissionRecord, CommandRecord, VllmSpecRecord, VllmTierRecord
+)
 
-AnyRecord = TierRecord | PolicyRecord | AdmissionRecord | CommandRecord
+AnyRecord = (
+    TierRecord | PolicyRecord | AdmissionRecord | CommandRecord | VllmSpecRecord | VllmTierRecord
+)
 
 # hook name -> (kind, record type)
 _HOOKS: dict[str, tuple[str, type[AnyRecord]]] = {
@@ -57,6 +68,8 @@ _HOOKS: dict[str, tuple[str, type[AnyRecord]]] = {
     "kvtiers_register_policies": ("policy", PolicyRecord),
     "kvtiers_register_admissions": ("admission", AdmissionRecord),
     "kvtiers_register_commands": ("command", CommandRecord),
+    "kvtiers_register_vllm_specs": ("vllm_spec", VllmSpecRecord),
+    "kvtiers_register_vllm_tiers": ("vllm_tier", VllmTierRecord),
 }
 
 
@@ -88,6 +101,9 @@ class Registry:
     policies: dict[str, Registered[PolicyRecord]] = field(default_factory=dict)
     admissions: dict[str, Registered[AdmissionRecord]] = field(default_factory=dict)
     commands: dict[str, Registered[CommandRecord]] = field(default_factory=dict)
+    # Config forms of vLLM's kv_transfer_config that plugins contribute (kvtiers-vllm).
+    vllm_specs: dict[str, Registered[VllmSpecRecord]] = field(default_factory=dict)
+    vllm_tiers: dict[str, Registered[VllmTierRecord]] = field(default_factory=dict)
     failures: list[PluginFailure] = field(default_factory=list)
     # (kind, name) -> every registration of a name claimed more than once
     conflicts: dict[tuple[str, str], list[Registered[Any]]] = field(default_factory=dict)
@@ -95,7 +111,7 @@ class Registry:
     def _table(self, kind: str) -> dict[str, Registered[Any]]:
         tables: dict[str, dict[str, Registered[Any]]] = {
             "tier": self.tiers, "policy": self.policies, "admission": self.admissions,
-            "command": self.commands,
+            "command": self.commands, "vllm_spec": self.vllm_specs, "vllm_tier": self.vllm_tiers,
         }  # fmt: skip
         return tables[kind]
 
@@ -129,7 +145,7 @@ class Registry:
     def listing(self) -> list[dict[str, Any]]:
         """One row per registered thing and per failure, for `kvtiers plugins`."""
         rows: list[dict[str, Any]] = []
-        for kind in ("tier", "policy", "admission", "command"):
+        for kind in ("tier", "policy", "admission", "command", "vllm_spec", "vllm_tier"):
             for name, reg in sorted(self._table(kind).items()):
                 rows.append(_row(name, kind, reg, "ok", None))
         for (kind, name), regs in sorted(self.conflicts.items()):

@@ -27,6 +27,12 @@ a full collection never walks the entries; entries whose location is an `int` or
 None share their tuple with every equal one (a tier whose location is the size has
 none at all). Pin counts are kept only for pinned entries. The dict keeps the entries
 in order of use (an insert or a touch makes an entry the last): `iter_items` walks it.
+The containers themselves (this dict, the policy's) are tracked, and the collector
+walks every container of a generation it collects: born young and filled by a
+start-up load that allocates almost nothing tracked, they would stay young until
+the first busy phase, whose first generation-1 collection would then walk a million
+entries at once (~50 ms holding the GIL, on whichever thread). So the constructor
+moves them to the oldest generation while they are empty (`_age_fresh_containers`).
 
 Thread-safe. One lock guards all state and is held only for O(1) work per key
 touched (so the scheduler thread may call `get`, `touch`, `pin`); `export` copies
@@ -51,6 +57,7 @@ keeps its namespace index this way.
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
@@ -93,13 +100,14 @@ class BoundedIndex(Generic[L]):
         self._capacity = capacity_bytes
         self._on_removed = on_removed
         self._lock = threading.Lock()
-        self._entries: dict[bytes, tuple[L, int]] = {}  # key -> (location, size)
+        self._entries: dict[bytes, tuple[L, int]] = _tracked_dict()  # key -> (location, size)
         self._pins: dict[bytes, _PinCount] = {}  # pinned entries only
         self._shared: dict[tuple[Any, int], tuple[Any, int]] = {}  # see `_entry`
         self._committed = 0
         self._reserved = 0
         self._evictable = 0
         self._evictions = 0
+        _age_fresh_containers()
 
     @classmethod
     def for_tier(cls, ctx: TierContext, *, policy: str, capacity_bytes: int,
@@ -548,3 +556,23 @@ class BoundedIndex(Generic[L]):
     def _removed(self, keys: list[bytes]) -> None:
         if keys and self._on_removed is not None:
             self._on_removed(keys)
+
+
+def _tracked_dict() -> dict[Any, Any]:
+    """An empty dict the collector tracks already. (A new dict is untracked until
+    something tracked goes in - here the first `(location, size)` tuple, in the middle
+    of a start-up load - and it joins the youngest generation only then.)"""
+    d: dict[Any, Any] = {None: []}
+    del d[None]
+    return d
+
+
+def _age_fresh_containers() -> None:
+    """Move the young generations' survivors - the containers just built, still
+    empty - to the oldest generation: a generation-1 collection, which the
+    interpreter runs every few thousand allocations anyway (its cost is that of the
+    young objects: small now, ~50 ms per million entries once filled). An engine that
+    turned the collector off keeps it off."""
+    if gc.isenabled():
+        gc.collect(1)
+

@@ -1,6 +1,7 @@
-"""The s3 tier's part of bench/s3_bench.py: the tier's own store/load passes (the
-same blocks and concurrency as the raw clients), start-up over a bucket holding
-100 000 blocks, and recovery after an outage. Run through s3_bench.py."""
+"""The s3 tier's part of bench/s3_bench.py and bench/s3_store_ab.py: the tier's own
+store/load passes (the same blocks and concurrency as the raw clients; latency per
+request, as the tier timed each PUT and GET, and per job), start-up over a bucket
+holding 100 000 blocks, and recovery after an outage."""
 
 from __future__ import annotations
 
@@ -65,8 +66,12 @@ def _run_jobs(tier: S3Tier, keys: list[bytes], first_slot: int, job_blocks: int,
 
 def tier_pass(server: S3Server, make: Callable[[], list[tuple[bytes, bytes]]], prefix: str,
               *, concurrency: int, job_blocks: int, packing: str, client: str,
-              layout: dict[str, Any] | None = None) -> dict[str, Timed]:
-    """The tier storing the blocks from a pool and loading them back into it."""
+              layout: dict[str, Any] | None = None,
+              per_job: dict[str, list[float]] | None = None) -> dict[str, Timed]:
+    """The tier storing the blocks from a pool and loading them back into it: per
+    operation the pass's seconds and each request's (every PUT and GET the tier
+    made, `S3Tier.latency`); each job's latency (submit to result) is added to
+    `per_job` ("store", "load") when given."""
     blocks = make()
     n, bb = len(blocks), len(blocks[0][1])
     pool = PoolView.anonymous(2 * n, bb)
@@ -80,13 +85,17 @@ def tier_pass(server: S3Server, make: Callable[[], list[tuple[bytes, bytes]]], p
                                 layout={"packing": packing, **(layout or {})}))
     try:
         keys = [k for k, _ in blocks]
-        store = _run_jobs(tier, keys, 0, job_blocks, load=False)
-        load = _run_jobs(tier, keys, n, job_blocks, load=True)
+        store_s, store_jobs = _run_jobs(tier, keys, 0, job_blocks, load=False)
+        load_s, load_jobs = _run_jobs(tier, keys, n, job_blocks, load=True)
         for i, (_, payload) in enumerate(blocks):  # untimed: every byte checked
             assert bytes(pool.block(n + i)) == payload, "the tier loaded other bytes"
+        requests = {op: tier.latency.values(op) for op in ("store", "load")}
     finally:
         tier.close()
-    return {"store": store, "load": load}
+    if per_job is not None:
+        per_job.setdefault("store", []).extend(store_jobs)
+        per_job.setdefault("load", []).extend(load_jobs)
+    return {"store": (store_s, requests["store"]), "load": (load_s, requests["load"])}
 
 
 # -- start-up over a full bucket ------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""`kvtiers serve --metrics-port`: a real cache node's `/metrics` endpoint scraped
+while engines push into it and pull from it, parsed with prometheus_client's text
+parser; the pulled bytes checked."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvtiers.lookup import LookupResult
+
+from tests.p2p.conftest import ROOT, MakeEngine, child_env
+from tests.p2p.engine import BB, FAST, SLOTS, keys_for
+
+pytest.importorskip("prometheus_client")
+
+GEOMETRY = ["--layers", "1", "--kv-heads", "1", "--head-size", str(BB // 2), "--dtype",
+            "uint8", "--tokens-per-block", "1"]  # make_namespace's geometry for BB
+MODEL = "kvtiers-p2p-tests/model"
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=30).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def _serve(tmp_path: Path, *args: str, timing: bool = True,
+           env: dict[str, str] | None = None) -> tuple[Any, Path]:
+    config = {"cpu_bytes_to_use": SLOTS * BB, "metrics": {"scheduler_call_timing": timing},
+              "secondary_tiers": [{"type": "p2p", "port": 0, **FAST}]}
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtiers", "serve", "--config", json.dumps(config),
+         "--model", MODEL, *GEOMETRY, "--ready-file", str(ready), "--status-every", "0",
+         *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or child_env(),
+        cwd=ROOT)
+    return proc, ready
+
+
+@pytest.mark.parametrize("timing", [True, False], ids=["timed", "untimed"])
+def test_a_node_serves_metrics_while_engines_use_it(
+        tmp_path: Path, engines: MakeEngine, timing: bool) -> None:
+    proc, ready = _serve(tmp_path, "--metrics-port", "0", timing=timing)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # printed before the node serves
+        assert line.startswith("metrics: http://127.0.0.1:"), line
+        url = line.split()[1]
+        end = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < end, "the node did not start"
+            time.sleep(0.02)
+        endpoint = json.loads(ready.read_text())["endpoints"][0]
+        before = _scrape(url)
+        assert before[("kvtiers_pool_slots", ())] == SLOTS
+        assert before[("kvtiers_pool_resident_blocks", ())] == 0
+        a = engines({"peers": [endpoint], "push": True})
+        b = engines({"peers": [endpoint]})
+        assert a.wait_ready() and b.wait_ready()
+        keys = keys_for("metered", 8)
+        a.store(keys)  # pushed into the node's pool
+        assert b.settle(keys) == [LookupResult.HIT] * 8
+        b.check_loaded(keys)  # byte for byte, pulled from the node
+        deadline = time.monotonic() + 30
+        while True:  # the node publishes its stats from its steps, every 0.5 s
+            m = _scrape(url)
+            if m.get(("kvtiers_pool_resident_blocks", ()), 0) == 8:
+                break
+            assert time.monotonic() < deadline, m
+            time.sleep(0.2)
+        assert proc.poll() is None  # scraped while it runs
+        assert m[("kvtiers_pool_stored_blocks_total", ())] == 8
+        assert m[("kvtiers_tier_usage_bytes", (("tier", "p2p"),))] >= 0
+        stores = m.get(("kvtiers_manager_call_seconds_count", (("call", "prepare_store"),)), 0)
+        steps = m.get(("kvtiers_manager_call_seconds_count", (("call", "step"),)), 0)
+        if timing:
+            assert stores >= 1 and steps > 0
+        else:
+            assert stores == 0 and steps == 0
+            assert not any(n.startswith("kvtiers_manager_call_seconds") for n, _ in m)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert out.rstrip().endswith("kvtiers serve: stopped")
+
+
+def test_a_bad_port_or_no_prometheus_is_refused_before_serving(tmp_path: Path) -> None:
+    proc, ready = _serve(tmp_path, "--metrics-port", "70000")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "65535" in err and "Traceback" not in err, err
+    assert not ready.exists()
+    env = child_env()  # prometheus_client made unimportable in the child
+    env["PYTHONPATH"] = str(ROOT / "tests" / "ops" / "blocked") + ":" + env["PYTHONPATH"]
+    proc, ready = _serve(tmp_path, "--metrics-port", "0", env=env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "kvtiers-core[metrics]" in err, err
+    assert "Traceback" not in err and not ready.exists()
+    done = subprocess.run([sys.executable, "-m", "kvtiers", "serve", "--help"],
+                          capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60)
+    assert done.returncode == 0 and "--metrics-port" in done.stdout
