@@ -7,15 +7,18 @@ round trip, on loopback (and across two network namespaces with --netns).
     ... bench/p2p_bench.py --netns      # also across a veth pair (root; made and removed)
     ... bench/p2p_bench.py --quick
 
-Rows (median of --runs runs; MB/s = 10^6 bytes/s of block bytes moved):
-- raw-zmq: the serving process sends the blocks as zero-copy frames on request
+Rows per data plane (zmq always; nixl when NIXL imports), median of --runs runs,
+raw and p2p interleaved within each run; MB/s = 10^6 bytes/s of block bytes moved:
+- raw, zmq: the serving process sends the blocks as zero-copy frames on request
   (one multipart message, no protocol, no checksums); the puller copies each frame
   into a slot of its pool - the floor of the ZeroMQ data plane;
-- p2p-zmq: the p2p tier's load of the same blocks as one job (the server pins them
-  through its manager, checksums them, ships them as zero-copy frames; the puller
-  lands and verifies each in its slot);
+- raw, nixl: one NIXL READ of every block from the server's registered pool into
+  the puller's, no protocol, no checksums (the same two agents the tier uses);
+- p2p: the p2p tier's load of the same blocks as one job (the server pins them
+  through its manager, checksums them, ships them - frames, or its slots for the
+  puller to READ; the puller lands and verifies each in its slot, says Landed),
+  pipelined in fetches of 4 MiB;
 - lookup RTT: one key per Lookup through the real server (handshake once), p50/p99.
-The NIXL plane is not in this version: there is no NIXL row.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def serve(spec: dict[str, Any]) -> None:
     n, bb, host = spec["n"], spec["block_bytes"], spec["host"]
     pool = PoolView.anonymous(n, bb)
     ctx = TierContext(pool, make_namespace("bench", bb), clock=monotonic, name="p2p")
-    tier = P2PTier(ctx, {"host": host, "port": 0, "limits": {"max_pinned_share": 1.0}})
+    tier = P2PTier(ctx, {"host": host, "port": 0, "limits": {"max_pinned_share": 1.0},
+                         "data_plane": spec.get("plane", "zmq")})
     mgr = TieringOffloadingManager(n, LRUPolicy.for_slots(n), [tier])
     tier.serve_external_requests(mgr)
     keys = _keys(n)
@@ -111,7 +115,8 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
 
     n, bb, runs = spec["n"], spec["block_bytes"], spec["runs"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "kvtiers-core" / "src"), str(ROOT / "kvtiers-p2p" / "src"), str(ROOT)])}
+        [str(ROOT / "kvtiers-core" / "src"), str(ROOT / "kvtiers-p2p" / "src"), str(ROOT),
+         *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])}
     server = subprocess.Popen([*prefix, sys.executable, __file__, "--serve", json.dumps(spec)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               env=env)
@@ -119,7 +124,9 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
     ends = json.loads(server.stdout.readline())
     pool = PoolView.anonymous(n, bb)
     ctx = TierContext(pool, make_namespace("bench", bb), clock=monotonic, name="p2p")
-    tier = P2PTier(ctx, {"peers": [ends["p2p"]], "hit_ttl_s": 3600.0, "num_threads": 1})
+    plane = spec.get("plane", "zmq")
+    tier = P2PTier(ctx, {"peers": [ends["p2p"]], "hit_ttl_s": 3600.0,
+                         "num_threads": spec.get("threads", 1), "data_plane": plane})
     keys = _keys(n)
     try:
         end = time.monotonic() + 60
@@ -130,12 +137,19 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
         raw = zctx.socket(zmq.DEALER)
         raw.connect(ends["raw"])
         raw_s, p2p_s = [], []
+        link = next(iter(tier.links.values()))
         for run in range(runs + 1):  # the first of each is a warm-up
             t0 = time.perf_counter()
-            raw.send(b"go")
-            frames = raw.recv_multipart(copy=False)
-            for slot, frame in enumerate(frames):
-                pool.block(slot)[:] = frame.buffer
+            if plane == "nixl":  # one READ of every block into the same slots
+                assert tier.nixl is not None and link.nixl_peer is not None
+                agent, desc = link.nixl_peer
+                state = tier.nixl.read(agent, desc, [(s, s) for s in range(n)], 60.0)
+                assert state == "DONE", state
+            else:
+                raw.send(b"go")
+                frames = raw.recv_multipart(copy=False)
+                for slot, frame in enumerate(frames):
+                    pool.block(slot)[:] = frame.buffer
             t1 = time.perf_counter()
             tier.submit_load(TransferJob(run + 1, keys, list(range(n))))
             assert tier.drain(120)
@@ -166,12 +180,20 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
     moved = n * bb
     rtts.sort()
     return {
-        "block_bytes": bb, "blocks": n,
-        "raw_zmq_MBps": moved / statistics.median(raw_s) / 1e6,
-        "p2p_zmq_MBps": moved / statistics.median(p2p_s) / 1e6,
+        "plane": plane, "block_bytes": bb, "blocks": n,
+        "raw_MBps": moved / statistics.median(raw_s) / 1e6,
+        "p2p_MBps": moved / statistics.median(p2p_s) / 1e6,
+        "raw_MBps_runs": [moved / t / 1e6 for t in raw_s],
+        "p2p_MBps_runs": [moved / t / 1e6 for t in p2p_s],
         "lookup_rtt_us_p50": rtts[len(rtts) // 2] * 1e6,
         "lookup_rtt_us_p99": rtts[int(len(rtts) * 0.99)] * 1e6,
     }
+
+
+def _nixl_imports() -> bool:
+    from kvtiers_p2p.nixl_plane import nixl_available
+
+    return nixl_available()
 
 
 def main() -> None:
@@ -180,6 +202,8 @@ def main() -> None:
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=4,
+                        help="the puller's num_threads (copier threads; the tier's default 4)")
     parser.add_argument("--netns", action="store_true",
                         help="also measure across two network namespaces (needs root)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -193,37 +217,42 @@ def main() -> None:
         return
     scale = 4 if args.quick else 1
     cases = [(32 << 10, 2048 // scale), (2 << 20, 64 // scale)]
+    planes = ["zmq"] + (["nixl"] if _nixl_imports() else [])
     rows: list[dict[str, Any]] = []
-    for bb, n in cases:
-        spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": "127.0.0.1",
-                "lookups": 500 if args.quick else 2000}
-        rows.append({"where": "loopback", **measure(spec, [])})
+    for plane in planes:
+        for bb, n in cases:
+            spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": "127.0.0.1",
+                    "lookups": 500 if args.quick else 2000, "plane": plane,
+                    "threads": args.threads}
+            rows.append({"where": "loopback", **measure(spec, [])})
     if args.netns:
         sys.path.insert(0, str(ROOT))
         from tests.p2p import netns
 
         with netns.veth_pair() as pair:
-            for bb, n in cases:
+            for plane, (bb, n) in ((p, c) for p in planes for c in cases):
                 spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": pair.addr_a,
-                        "lookups": 500 if args.quick else 2000, "prefix": pair.prefix(pair.a)}
+                        "lookups": 500 if args.quick else 2000, "prefix": pair.prefix(pair.a),
+                        "plane": plane, "threads": args.threads}
                 out = subprocess.run(
                     [*pair.prefix(pair.b), sys.executable, __file__, "--client",
                      json.dumps(spec)], capture_output=True, text=True, check=True,
                     timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                         [str(ROOT / "kvtiers-core" / "src"), str(ROOT / "kvtiers-p2p" / "src"),
-                         str(ROOT)])})
+                         str(ROOT), os.environ.get("PYTHONPATH", "")])})
                 rows.append({"where": "netns veth", **json.loads(out.stdout.splitlines()[-1])})
-    header = (f"{'where':<11} {'block':>7} {'blocks':>6} {'raw-zmq MB/s':>13} "
-              f"{'p2p-zmq MB/s':>13} {'p2p/raw':>8} {'lookup p50 us':>14} {'p99 us':>8}")
+    header = (f"{'where':<11} {'plane':<5} {'block':>7} {'blocks':>6} {'raw MB/s':>9} "
+              f"{'p2p MB/s':>9} {'p2p/raw':>8} {'lookup p50 us':>14} {'p99 us':>8}")
     print(header)
     for r in rows:
-        print(f"{r['where']:<11} {r['block_bytes'] >> 10:>6}K {r['blocks']:>6} "
-              f"{r['raw_zmq_MBps']:>13.0f} {r['p2p_zmq_MBps']:>13.0f} "
-              f"{r['p2p_zmq_MBps'] / r['raw_zmq_MBps']:>8.2f} "
+        print(f"{r['where']:<11} {r['plane']:<5} {r['block_bytes'] >> 10:>6}K {r['blocks']:>6} "
+              f"{r['raw_MBps']:>9.0f} {r['p2p_MBps']:>9.0f} "
+              f"{r['p2p_MBps'] / r['raw_MBps']:>8.2f} "
               f"{r['lookup_rtt_us_p50']:>14.0f} {r['lookup_rtt_us_p99']:>8.0f}")
     doc = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                       f"Python {platform.python_version()}",
            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": args.runs,
+           "threads": args.threads,
            "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")

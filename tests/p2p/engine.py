@@ -26,6 +26,10 @@ from kvtiers_p2p.tier import P2PTier
 BB = 16384
 SLOTS = 64
 MODEL = "kvtiers-p2p-tests/model"
+#: the data plane of test engines that do not name one: ZeroMQ frames (a NIXL
+#: agent per engine would cost every test its start-up; tests/p2p/test_nixl.py
+#: and the NIXL conformance class ask for "nixl")
+PLANE = {"data_plane": "zmq"}
 #: timeouts short enough for tests that wait for them
 FAST = {"keepalive": {"interval_s": 0.2, "timeout_s": 1.5},
         "reconnect": {"min_s": 0.05, "max_s": 0.5}, "miss_ttl_s": 0.1}
@@ -49,7 +53,7 @@ class Engine:
         ctx = TierContext(self.pool, make_namespace(model, block_bytes), clock=monotonic,
                           name=name)
         self.ctx = dataclasses.replace(ctx, logger=ctx.logger.getChild(name))
-        self.tier = P2PTier(self.ctx, {**FAST, **config})
+        self.tier = P2PTier(self.ctx, {**PLANE, **FAST, **config})
         self.mgr = TieringOffloadingManager(slots, LRUPolicy.for_slots(slots), [self.tier],
                                             job_timeout_s=job_timeout_s, tier_names=[name])
         self.tier.serve_external_requests(self.mgr)

@@ -3,7 +3,8 @@
 SPEC_JSON: {"tier": {...p2p options, with peers...}, "seed": str, "n": int,
 "block_bytes": int}. Waits for its links, settles `keys_for(seed, n)`, loads
 the hits and compares their bytes with `block_data`; prints one JSON line
-{"ready": bool, "answers": [...], "verified": int, "wrong": int}.
+{"ready": bool, "answers": [...], "verified": int, "wrong": int, "state": str,
+"reason": str, "plane": str}.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def main() -> None:
         print(json.dumps({"ready": ready, "answers": [a.value for a in answers],
                           "verified": verified, "wrong": wrong,
                           "state": link.state if link else None,
-                          "reason": link.reason if link else None}), flush=True)
+                          "reason": link.reason if link else None,
+                          "plane": link.plane if link else None}), flush=True)
     finally:
         engine.close()
 

@@ -81,8 +81,3 @@ def test_the_port_is_offset_by_the_data_parallel_rank(engines: MakeEngine) -> No
         base = s.getsockname()[1]
     engine = engines({"port": base, "data_parallel_rank": 1})
     assert engine.endpoint == f"tcp://127.0.0.1:{base + 1}"
-
-
-def test_the_nixl_plane_is_refused_with_a_reason(engines: MakeEngine) -> None:
-    with pytest.raises(ConfigError, match="nixl"):
-        engines({"data_plane": "nixl"})

@@ -5,10 +5,8 @@ given across a restart of the node; SIGTERM stops it cleanly."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,38 +16,7 @@ from kvtiers.lookup import LookupResult
 
 from tests.p2p.conftest import ROOT, MakeEngine, child_env
 from tests.p2p.engine import BB, FAST, SLOTS, keys_for
-
-GEOMETRY = ["--layers", "1", "--kv-heads", "1", "--head-size", str(BB // 2), "--dtype",
-            "uint8", "--tokens-per-block", "1"]  # make_namespace's geometry for BB
-MODEL = "kvtiers-p2p-tests/model"
-
-
-class Node:
-    def __init__(self, config: dict[str, Any], tmp: Path, *args: str):
-        self.ready = tmp / f"ready-{time.monotonic_ns()}.json"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtiers", "serve", "--config", json.dumps(config),
-             "--model", MODEL, *GEOMETRY, "--ready-file", str(self.ready),
-             "--status-every", "0.2", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-            cwd=ROOT)
-        end = time.monotonic() + 60
-        while not self.ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > end:
-                _, err = self.proc.communicate(timeout=30)
-                raise AssertionError(f"the node did not start: {err[-3000:]}")
-            time.sleep(0.02)
-        self.endpoint: str = json.loads(self.ready.read_text())["endpoints"][0]
-
-    def terminate(self) -> tuple[int, str, str]:
-        self.proc.send_signal(signal.SIGTERM)
-        out, err = self.proc.communicate(timeout=60)
-        return self.proc.returncode, out, err
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate(timeout=60)
+from tests.p2p.nodes import Node
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ goes on serving good peers."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,11 +18,13 @@ from hypothesis import strategies as st
 from kvtiers.integrity import checksum
 from kvtiers_p2p.codec import decode_server, encode
 from kvtiers_p2p.protocol import (
+    Abort,
     DataPlane,
     Disconnect,
     ErrorReply,
     Fetch,
     KeepAlive,
+    Landed,
     Lookup,
     LookupReply,
     State,
@@ -54,7 +57,9 @@ class RawPeer:
 
     def hello(self, engine: Engine, num_slots: int = 64) -> Welcome:
         plane = DataPlane("zmq", num_slots, engine.pool.slot_bytes)
-        self.send(encode(engine.tier.identity.hello(plane)))
+        # Frames on the control socket, whatever planes the engine has (NIXL too).
+        identity = dataclasses.replace(engine.tier.identity, capabilities=("zmq",))
+        self.send(encode(identity.hello(plane)))
         welcome, _ = self.recv()
         assert isinstance(welcome, Welcome), welcome
         return welcome
@@ -149,7 +154,10 @@ def test_blocks_ship_with_their_checksums_and_their_pins_are_released(
     for key, frame, sum_ in zip(keys[:4], frames, reply.checksums, strict=True):
         assert frame == block_data(key, server.pool.block_bytes)
         assert checksum(frame) == sum_
-    wait_unpinned(server)
+    time.sleep(0.2)
+    assert pinned(server) == 4, "the pins went before the peer said the blocks landed"
+    raw.send(encode(Landed(4)))
+    wait_unpinned(server, timeout=2.0)  # well before a silent session's drop
 
 
 def test_a_peer_cannot_pin_more_than_its_share(server: Engine, raw: RawPeer) -> None:
@@ -160,7 +168,8 @@ def test_a_peer_cannot_pin_more_than_its_share(server: Engine, raw: RawPeer) -> 
     assert isinstance(reply, TransferDone)
     assert reply.states == bytes([State.PRESENT] * 8 + [State.REFUSED] * 4)
     assert len(frames) == 8
-    wait_unpinned(server)
+    raw.send(encode(Abort(6)))  # giving up releases them too
+    wait_unpinned(server, timeout=2.0)
 
 
 def test_an_engine_takes_no_pushed_blocks(server: Engine, raw: RawPeer) -> None:

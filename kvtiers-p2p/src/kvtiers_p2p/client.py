@@ -24,9 +24,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -37,26 +38,47 @@ from kvtiers.pool_view import PoolView
 from kvtiers.sdk.job import Outcome
 
 from kvtiers_p2p.codec import ProtocolError, decode_server, encode
+from kvtiers_p2p.nixl_plane import NixlPlane
 from kvtiers_p2p.protocol import (
     MAX_KEYS,
     Abort,
+    DataPlane,
     Disconnect,
     ErrorReply,
     Fetch,
     Hello,
     KeepAlive,
+    Landed,
     Lookup,
     LookupReply,
     Refused,
     State,
     Store,
     StoreDone,
+    Touch,
     TransferDone,
     Welcome,
 )
 from kvtiers_p2p.security import CurveKeys
 
-__all__ = ["LinkDown", "LinkOptions", "PeerLink"]
+__all__ = ["LinkDown", "LinkOptions", "PeerLink", "off_loop"]
+
+_T = TypeVar("_T")
+
+#: what `asyncio.wait_for` raises: the builtin TimeoutError from 3.11, its own
+#: class on 3.10 (where the two differ)
+_WaitTimeout = asyncio.TimeoutError  # noqa: UP041
+
+
+async def off_loop(executor: Executor, fn: Callable[..., _T], *args: Any) -> _T:
+    """`fn(*args)` on `executor`, awaited. Cancelled, it still waits for `fn` to
+    return: a job must never end while a thread still touches its slots."""
+    work = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
 
 
 class LinkDown(ConnectionError):
@@ -70,6 +92,8 @@ class LinkOptions:
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 10.0
     lookup_timeout_s: float = 1.0
+    #: bytes of one fetch of a pipelined load (`PeerLink.fetch`)
+    chunk_bytes: int = 4 << 20
 
 
 CONNECTING, READY, REFUSED, CLOSED = "connecting", "ready", "refused", "closed"
@@ -81,8 +105,14 @@ class PeerLink:
 
     def __init__(self, endpoint: str, hello: Hello, pool: PoolView, *,
                  context: zmq.asyncio.Context, options: LinkOptions = LinkOptions(),
-                 curve: CurveKeys | None = None, logger: logging.Logger | None = None):
+                 curve: CurveKeys | None = None, logger: logging.Logger | None = None,
+                 lander: Executor | None = None, nixl: NixlPlane | None = None):
         self.endpoint = endpoint
+        self._nixl = nixl
+        self._remote: tuple[str, DataPlane] | None = None  # NIXL session: agent, plane
+        # Where arriving blocks are copied into their slots and verified: threads,
+        # so the loop goes on receiving meanwhile (None: on the loop).
+        self._lander = lander
         self._hello = hello
         self._pool = pool
         self._zctx = context
@@ -96,12 +126,21 @@ class PeerLink:
         self.sessions = 0  # sessions that reached ready (tests watch reconnects)
         self.max_fetch = MAX_KEYS  # the server's, from its Welcome
         self.accepts_stores = False  # likewise
+        self.capacity_bytes = 0  # likewise: its pool's, when it accepts stores
         self._sock: zmq.asyncio.Socket | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.ready_event = asyncio.Event()
+        self.plane = ""  # the session's data plane, from the Welcome
+        self._in_flight = 0  # blocks of fetches in flight (`_budget`)
+        self._room = asyncio.Condition()
+
+    @property
+    def nixl_peer(self) -> tuple[str, DataPlane] | None:
+        """NIXL sessions: the server's agent name and descriptor (benches read it)."""
+        return self._remote
 
     @property
     def ready(self) -> bool:
@@ -134,7 +173,7 @@ class PeerLink:
             assert self._sock is not None
             await self._sock.send(encode(Lookup(req, list(keys))), zmq.NOBLOCK)
             reply: LookupReply = await asyncio.wait_for(future, self._opt.lookup_timeout_s)
-        except (TimeoutError, LinkDown, ProtocolError, zmq.ZMQError):
+        except (_WaitTimeout, LinkDown, ProtocolError, zmq.ZMQError):
             return None
         finally:
             self._pending.pop(req, None)
@@ -142,19 +181,43 @@ class PeerLink:
 
     async def fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
                     timeout: float) -> list[Outcome]:
-        """Pull `keys` into `slots` of the pool; one outcome per key. Split into
-        fetches of at most the server's `max_fetch` blocks, one after the other
-        (within one `timeout` in all)."""
+        """Pull `keys` into `slots` of the pool; one outcome per key, within one
+        `timeout` in all. Pipelined: split into fetches of about `chunk_bytes`
+        that are in flight together (the server checksums and ships one while
+        this side lands the one before), never more blocks at once on this link
+        than the server's `max_fetch` (its pin budget for this peer)."""
+        n = len(keys)
         per = self.max_fetch
-        if len(keys) <= per:
-            return await self._fetch(keys, slots, timeout)
+        chunk = max(1, min(per, self._opt.chunk_bytes // max(self._pool.block_bytes, 1)))
+        if n <= chunk:
+            async with self._budget(n):
+                return await self._fetch(keys, slots, timeout)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
-        out: list[Outcome] = []
-        for first in range(0, len(keys), per):
-            out += await self._fetch(keys[first:first + per], slots[first:first + per],
-                                     end - loop.time())
-        return out
+
+        async def part(first: int) -> list[Outcome]:
+            size = min(chunk, n - first)
+            async with self._budget(size):
+                return await self._fetch(keys[first:first + size], slots[first:first + size],
+                                         end - loop.time())
+
+        parts = await asyncio.gather(*(part(first) for first in range(0, n, chunk)))
+        return [outcome for outcomes in parts for outcome in outcomes]
+
+    @contextlib.asynccontextmanager
+    async def _budget(self, blocks: int) -> AsyncIterator[None]:
+        """Hold `blocks` of the server's pin budget for this link while a fetch is
+        in flight (fetches wait their turn, oldest first)."""
+        blocks = min(blocks, self.max_fetch)
+        async with self._room:
+            await self._room.wait_for(lambda: self._in_flight + blocks <= self.max_fetch)
+            self._in_flight += blocks
+        try:
+            yield
+        finally:
+            async with self._room:
+                self._in_flight -= blocks
+                self._room.notify_all()
 
     async def _fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
                      timeout: float) -> list[Outcome]:
@@ -168,48 +231,75 @@ class PeerLink:
             assert self._sock is not None
             await self._sock.send(encode(Fetch(req, list(keys), list(slots))), zmq.NOBLOCK)
             done, frames = await asyncio.wait_for(future, timeout)
-        except TimeoutError:
+        except _WaitTimeout:
             self._abort(req)
             return [FailureReason.TIMEOUT] * n
         except (LinkDown, ProtocolError, zmq.ZMQError):
             return [FailureReason.IO] * n
         finally:
             self._pending.pop(req, None)
-        return self._land(done, frames, slots)
+        remote = self._remote
+        try:
+            if remote is not None:
+                assert self._lander is not None
+                return await off_loop(self._lander, self._read, remote, done, slots,
+                                      max(timeout, 0.1))
+            if self._lander is None:
+                return self._land(done, frames, slots)
+            return await off_loop(self._lander, self._land, done, frames, slots)
+        finally:
+            if done.checksums:
+                self._landed(req)
 
-    async def push(self, keys: Sequence[BlockKey], blocks: Sequence[memoryview],
-                   timeout: float) -> list[Outcome]:
-        """Have a server that `accepts_stores` keep `blocks` (one per key); one
-        outcome per key. The blocks are copied into ZeroMQ's messages before the
-        send returns, so the slots they come from are free again once it did."""
+    async def push(self, keys: Sequence[BlockKey], blocks: Sequence[bytes],
+                   sums: Sequence[int], timeout: float
+                   ) -> tuple[list[Outcome], StoreDone | None]:
+        """Have a server that `accepts_stores` keep `blocks` (copies of the slots,
+        one per key, `sums` their checksums): one outcome per key (None: held there
+        now, copied or held already: `done.states` says which), and the server's
+        `StoreDone` (None when none came)."""
         n = len(keys)
         if not self.ready or not self.accepts_stores:
-            return [FailureReason.REJECTED] * n
+            return [FailureReason.REJECTED] * n, None
         if timeout <= 0:
-            return [FailureReason.TIMEOUT] * n
+            return [FailureReason.TIMEOUT] * n, None
         req, future = self._request()
         try:
             assert self._sock is not None
-            sums = [checksum(b) for b in blocks]
-            header = encode(Store(req, list(keys), sums))
-            await self._sock.send_multipart([header, *blocks], zmq.NOBLOCK, copy=True)
+            header = encode(Store(req, list(keys), list(sums)))
+            await self._sock.send_multipart([header, *blocks], zmq.NOBLOCK, copy=False)
             done: StoreDone = await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            return [FailureReason.TIMEOUT] * n
+        except _WaitTimeout:
+            return [FailureReason.TIMEOUT] * n, None
         except (LinkDown, ProtocolError, zmq.ZMQError):
-            return [FailureReason.IO] * n
+            return [FailureReason.IO] * n, None
         finally:
             self._pending.pop(req, None)
         if len(done.states) != n:
-            return [FailureReason.IO] * n
-        return [None if st == State.PRESENT else FailureReason.CORRUPT if st == State.CORRUPT
-                else FailureReason.FULL for st in done.states]
+            return [FailureReason.IO] * n, None
+        return [None if st in (State.PRESENT, State.HELD) else FailureReason.CORRUPT
+                if st == State.CORRUPT else FailureReason.FULL for st in done.states], done
+
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """Tell a server that `accepts_stores` these blocks were used (loop thread;
+        no reply, dropped when the link is down)."""
+        sock = self._sock
+        if sock is not None and self.ready and self.accepts_stores and keys:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.send(encode(Touch(list(keys)[:MAX_KEYS])), zmq.NOBLOCK)
 
     def _request(self) -> tuple[int, asyncio.Future[Any]]:
         req = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req] = future
         return req, future
+
+    def _landed(self, req: int) -> None:
+        """Tell the server the blocks of `req` are in (it unpins them)."""
+        sock = self._sock
+        if sock is not None and self.ready:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.send(encode(Landed(req)), zmq.NOBLOCK)
 
     def _abort(self, req: int) -> None:
         sock = self._sock
@@ -247,6 +337,46 @@ class PeerLink:
             else:
                 out.append(FailureReason.MISSING)
         return out
+
+    def _read(self, remote: tuple[str, DataPlane], done: TransferDone,
+              slots: Sequence[int], timeout: float) -> list[Outcome]:
+        """The NIXL plane (a copier thread): READ the shipped blocks from the
+        server's slots into ours, one request, then verify each in its slot."""
+        n = len(slots)
+        agent, plane = remote
+        shipped = [i for i, state in enumerate(done.states) if state == State.PRESENT]
+        if len(done.states) != n or len(done.source_slots) != len(shipped) or any(
+                s >= plane.num_slots for s in done.source_slots):
+            self._log.warning("peer %s: a malformed transfer (%d states, %d source slots "
+                              "for %d keys); its keys fail", self.endpoint,
+                              len(done.states), len(done.source_slots), n)
+            return [FailureReason.IO] * n
+        out = self._outcomes(done.states)
+        if not shipped:
+            return out
+        assert self._nixl is not None
+        pairs = [(src, slots[i]) for src, i in zip(done.source_slots, shipped, strict=True)]
+        state = self._nixl.read(agent, plane, pairs, timeout)
+        if state != "DONE":
+            self._log.warning("peer %s: a NIXL read ended %s; its keys fail", self.endpoint,
+                              state)
+            failed = FailureReason.TIMEOUT if state == "TIMEOUT" else FailureReason.IO
+            for i in shipped:
+                out[i] = failed
+            return out
+        block = self._pool.block
+        for i, want in zip(shipped, done.checksums, strict=True):
+            if checksum(block(slots[i])) != want:
+                self._log.warning("peer %s: a block failed verification; a miss",
+                                  self.endpoint)
+                out[i] = FailureReason.CORRUPT
+        return out
+
+    @staticmethod
+    def _outcomes(states: bytes) -> list[Outcome]:
+        """Per key of a TransferDone: None for PRESENT (to be landed), else why not."""
+        return [None if st == State.PRESENT else FailureReason.REJECTED
+                if st == State.REFUSED else FailureReason.MISSING for st in states]
 
     # The supervisor.
 
@@ -326,6 +456,18 @@ class PeerLink:
                 self.peer_id = message.peer_id
                 self.max_fetch = message.max_fetch
                 self.accepts_stores = message.accepts_stores
+                self.capacity_bytes = message.capacity_bytes
+                self.plane = message.data_plane.kind
+                self._remote = None
+                if self.plane == "nixl" and self._nixl is not None:
+                    try:
+                        agent = self._nixl.connect(message.data_plane)
+                    except Exception as exc:  # noqa: BLE001 - NIXL raises its own types
+                        self.reason = f"NIXL could not reach the peer's agent: {exc}"
+                        self._log.error("peer %s: %s", self.endpoint, self.reason)
+                        self.state = REFUSED
+                        return True
+                    self._remote = (agent, message.data_plane)
                 self.sessions += 1
                 self.reason = ""
                 self.ready_event.set()

@@ -88,6 +88,9 @@ def decode_server(frame: Any) -> ServerMessage:
         if shipped != len(message.checksums):
             raise ProtocolError(
                 f"done: {shipped} blocks shipped but {len(message.checksums)} checksums")
+        if message.source_slots and len(message.source_slots) != shipped:
+            raise ProtocolError(f"done: {shipped} blocks shipped but "
+                                f"{len(message.source_slots)} source slots")
     elif isinstance(message, Welcome):
         _check_plane(message.data_plane)
     return message

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from kvtiers.admission.base import AdmissionPolicy
 from kvtiers.clock import monotonic
 from kvtiers.config.model import KvtiersConfig
 from kvtiers.errors import ConfigError, ConfigProblem
@@ -31,9 +32,22 @@ from kvtiers.pool import CpuPool
 from kvtiers.tier import SecondaryTier, TierContext
 from kvtiers.tiers import create_tier
 
+from kvtiers_p2p.protocol import State
+from kvtiers_p2p.sessions import StoreAnswer
 from kvtiers_p2p.tier import P2PTier
 
 __all__ = ["CacheNode"]
+
+
+class _NoCopies(AdmissionPolicy):
+    """For the node's own p2p tiers that do not push: their store copies nothing
+    (peers pull from this pool), so a cascade to them would only pin a block
+    until the next step - and make eviction skip it."""
+
+    name = "none"
+
+    def admit(self, key: BlockKey) -> bool:
+        return False
 
 
 class CacheNode:
@@ -75,7 +89,9 @@ class CacheNode:
                 breaker_failures=config.breaker.failures,
                 breaker_cooldown_s=config.breaker.cooldown_s,
                 require_verified_tiers=config.require_verified_tiers,
-                tier_names=tier_names(config))
+                tier_names=tier_names(config),
+                admissions=[_NoCopies() if isinstance(t, P2PTier) and not t.config["push"]
+                            else None for t in tiers])
             for tier in self.p2p:
                 tier.accept_stores(self.store_blocks)
                 tier.serve_external_requests(self.manager)
@@ -90,22 +106,41 @@ class CacheNode:
     def endpoints(self) -> list[str]:
         return [t.server.endpoint for t in self.p2p if t.server is not None]
 
-    def store_blocks(self, keys: Sequence[BlockKey], blocks: Sequence[memoryview]) -> list[bool]:
+    def store_blocks(self, keys: Sequence[BlockKey], blocks: Sequence[memoryview]) -> StoreAnswer:
         """The p2p server's sink: keep verified pushed blocks in the pool (keys held
-        already are kept as they are). All False when the pool cannot take them."""
+        already are kept as they are: HELD). When the pool cannot take them all, as
+        many as it can, in order, without evicting a block of this push (halving
+        the chunk it asks room for; a key that fits alone in no room is REFUSED)."""
         mgr = self.manager
-        out = mgr.prepare_store(keys)
-        if out is None:
-            return [False] * len(keys)
-        fresh = dict(zip(out.keys, out.slots, strict=True))
+        n = len(keys)
+        states = [State.REFUSED] * n
+        evicted: list[BlockKey] = []
+        held: list[BlockKey] = []  # this push's keys held now: protected from eviction
         view = self.pool.view
-        for key, block in zip(keys, blocks, strict=True):
-            slot = fresh.get(key)
-            if slot is not None:
-                view.block(slot)[:] = block
-        mgr.complete_store(out.keys, True)
-        self.stored += len(out.keys)
-        return [True] * len(keys)
+        i, step = 0, n
+        while i < n:
+            chunk = list(keys[i:i + step])
+            out = mgr.prepare_store(held + chunk)
+            if out is None:
+                if step == 1:
+                    i += 1
+                else:
+                    step = max(1, step // 2)
+                continue
+            fresh = dict(zip(out.keys, out.slots, strict=True))
+            for j, key in enumerate(chunk, i):
+                slot = fresh.get(key)
+                if slot is not None:
+                    view.block(slot)[:] = blocks[j]
+                states[j] = State.HELD if slot is None else State.PRESENT
+            mgr.complete_store(out.keys, True)
+            self.stored += len(out.keys)
+            evicted += out.evicted
+            held += chunk
+            i += len(chunk)
+        bb = self.namespace.groups[0].block_bytes
+        return StoreAnswer(states, evicted,
+                           usage_bytes=mgr.stats(tiers=False)["pool"]["resident"] * bb)
 
     def step(self) -> None:
         self.manager.step()

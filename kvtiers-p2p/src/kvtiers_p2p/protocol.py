@@ -48,6 +48,7 @@ __all__ = [
     "Fetch",
     "Hello",
     "KeepAlive",
+    "Landed",
     "Lookup",
     "LookupReply",
     "Refused",
@@ -55,13 +56,14 @@ __all__ = [
     "State",
     "Store",
     "StoreDone",
+    "Touch",
     "TransferDone",
     "Welcome",
 ]
 
 #: bumped on any change of a message's fields or meaning; peers of other versions
 #: are refused at the handshake
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: keys in one Lookup or Fetch (one job is at most the manager's max_job_blocks)
 MAX_KEYS = 4096
@@ -98,7 +100,8 @@ class State:
     PENDING = 2  # being written into the server's pool: ask again soon (lookup)
     REFUSED = 3  # over the puller's pin budget, no room, or not accepted (transfer, store)
     CORRUPT = 4  # a pushed block failed verification on arrival (store)
-    MAX = 4
+    HELD = 5  # held there already: kept as it was, nothing copied (store)
+    MAX = 5
 
 
 class _Message(msgspec.Struct, array_like=True, forbid_unknown_fields=True, tag_field="t"):
@@ -107,8 +110,9 @@ class _Message(msgspec.Struct, array_like=True, forbid_unknown_fields=True, tag_
 
 class DataPlane(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     """How blocks reach a side's pool. `kind` "zmq": in frames after a
-    `TransferDone` on the control connection (`endpoint` unused). "nixl": by RDMA
-    writes into the registered region (`agent_metadata`, `base_addr`)."""
+    `TransferDone` on the control connection (`endpoint` unused). "nixl": the
+    puller READs them from the server's registered pool (`agent_metadata`,
+    `base_addr`: the server's, in its Welcome)."""
 
     kind: Literal["zmq", "nixl"]
     num_slots: _Count
@@ -141,6 +145,9 @@ class Welcome(_Message, tag="welcome"):
     max_fetch: Annotated[int, msgspec.Meta(ge=1, le=MAX_KEYS)] = MAX_KEYS
     #: the server takes `Store`s into its pool (a `kvtiers serve` cache node)
     accepts_stores: bool = False
+    #: with `accepts_stores`: the bytes of blocks its pool holds (what a pushing
+    #: tier reports as its capacity)
+    capacity_bytes: _Size = 0
 
 
 class Refused(_Message, tag="refused"):
@@ -171,11 +178,15 @@ class TransferDone(_Message, tag="done"):
     """The end of a `Fetch`: per key a `State`; `checksums[j]` is the xxh3-64 of
     the j-th PRESENT block (kvtiers.integrity), verified by the puller in its slot
     before the key succeeds. On the ZeroMQ plane, one frame per PRESENT key follows,
-    in order."""
+    in order; on the NIXL plane, `source_slots` say where the puller reads them."""
 
     req: _Req
     states: _States
     checksums: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)]
+    #: NIXL plane: the server's slot of the j-th PRESENT block (pinned until the
+    #: puller's `Landed`), which the puller READs; no frames follow
+    source_slots: Annotated[list[_Slot], msgspec.Meta(max_length=MAX_KEYS)] = (
+        msgspec.field(default_factory=list))
 
 
 class Store(_Message, tag="store"):
@@ -189,16 +200,35 @@ class Store(_Message, tag="store"):
 
 
 class StoreDone(_Message, tag="stored"):
-    """Per key of a `Store`: PRESENT (held now), REFUSED (no room, or the server
-    takes no stores) or CORRUPT (its bytes did not match its checksum)."""
+    """Per key of a `Store`: PRESENT (copied, held now), HELD (held already, kept as
+    it was), REFUSED (no room, or the server takes no stores) or CORRUPT (its bytes
+    did not match its checksum). `evicted`: the blocks the server's pool dropped to
+    make room for these; `usage_bytes`: the bytes of blocks its pool holds now."""
 
     req: _Req
     states: _States
+    evicted: _Keys = msgspec.field(default_factory=list)
+    usage_bytes: _Size = 0
+
+
+class Touch(_Message, tag="touch"):
+    """Puller -> a server that `accepts_stores`: these blocks were used; refresh
+    their recency in its pool (no reply; unknown keys are ignored)."""
+
+    keys: _Keys
 
 
 class Abort(_Message, tag="abort"):
     """Puller -> server: it gave up on `req` (deadline); a late `TransferDone` for
-    it is dropped."""
+    it is dropped. The blocks shipped for it are unpinned."""
+
+    req: _Req
+
+
+class Landed(_Message, tag="landed"):
+    """Puller -> server: the blocks of fetch `req` are in its slots (verified or
+    not): the server unpins them. Until then they stay pinned (at most its pin
+    timeout): what a lookup called a hit stays until the load has read it."""
 
     req: _Req
 
@@ -222,7 +252,9 @@ class ErrorReply(_Message, tag="error"):
 
 
 #: what a server accepts
-ClientMessage = Hello | Lookup | Fetch | Store | Abort | KeepAlive | Disconnect
+ClientMessage = (
+    Hello | Lookup | Fetch | Store | Touch | Landed | Abort | KeepAlive | Disconnect
+)
 #: what a puller accepts
 ServerMessage = (
     Welcome | Refused | LookupReply | TransferDone | StoreDone | KeepAlive | Disconnect

@@ -14,13 +14,15 @@ puller that this side dropped (or restarted without) says hello again.
   pinned with `parent.create_store_job` (all or nothing: re-tried once with a fresh
   lookup when a block went meanwhile), within the peer's pin budget (a share of the
   pool); their bytes go out as zero-copy frames after a `TransferDone` that carries
-  each block's checksum. The pins are released (`complete_store_job`) when ZeroMQ
-  has let go of the frames, or after `pin_timeout_s` in any case: a block changed
-  under a frame still queued then fails its checksum at the puller - a miss, never
-  wrong bytes.
+  each block's checksum. The pins are released (`complete_store_job`) when the
+  puller says the blocks landed (`Landed`) or gave up (`Abort`), or after
+  `pin_timeout_s` in any case: a block changed under a frame still queued then
+  fails its checksum at the puller - a miss, never wrong bytes. Until then, what
+  a lookup called a hit stays: a store cannot evict it while the load reads it.
 - `Store` (only with a `sink`: a `kvtiers serve` cache node): each pushed block is
   verified against its checksum, then handed to the sink, which keeps it in the
-  node's pool; without a sink every key is REFUSED.
+  node's pool (HELD when it was there already) and says what it evicted; without
+  a sink every key is REFUSED. `Touch` refreshes recency in such a node's pool.
 - A session silent past `session_timeout_s`, or that says `Disconnect`, is dropped
   with its pins. `close` says `Disconnect` to every session and releases all pins.
 
@@ -41,12 +43,14 @@ from typing import Any
 import msgspec
 import zmq
 from kvtiers.integrity import checksum
+from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
 from kvtiers.parent import ParentManager
 from kvtiers.pool_view import PoolView
 
 from kvtiers_p2p.codec import ProtocolError, check_slots, decode_client, encode
 from kvtiers_p2p.handshake import Identity, choose_plane, refusal
+from kvtiers_p2p.nixl_plane import NixlPlane
 from kvtiers_p2p.protocol import (
     MAX_KEYS,
     Abort,
@@ -56,12 +60,14 @@ from kvtiers_p2p.protocol import (
     Fetch,
     Hello,
     KeepAlive,
+    Landed,
     Lookup,
     LookupReply,
     Refused,
     State,
     Store,
     StoreDone,
+    Touch,
     TransferDone,
     Welcome,
 )
@@ -85,7 +91,7 @@ class PeerServer:
     def __init__(self, parent: ParentManager, pool: PoolView, identity: Identity, *,
                  bind: str, limits: ServeLimits = DEFAULT_LIMITS,
                  curve: CurveKeys | None = None, sink: StoreSink | None = None,
-                 logger: logging.Logger | None = None):
+                 logger: logging.Logger | None = None, nixl: NixlPlane | None = None):
         self._parent = parent
         self._pool = pool
         self._identity = identity
@@ -93,6 +99,9 @@ class PeerServer:
         self._limits = limits
         self._curve = curve
         self._sink = sink
+        self._nixl = nixl  # the NIXL plane: its agent has `pool` registered
+        self._sums: dict[BlockKey, int] = {}  # key -> its block's checksum (`_checksum`)
+        self._capacity_bytes = pool.num_slots * pool.block_bytes if sink is not None else 0
         self._log = logger or logging.getLogger("kvtiers.p2p.server")
         self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
         self._sessions: dict[bytes, Session] = {}
@@ -213,11 +222,13 @@ class PeerServer:
             self._fetch(sock, ident, session, message, now)
         elif isinstance(message, Store):
             self._store(sock, ident, message, blocks)
+        elif isinstance(message, Touch):
+            self._touch(message)
         elif isinstance(message, KeepAlive):
             if message.reply:
                 self._send(sock, ident, KeepAlive(message.seq))
-        elif isinstance(message, Abort):
-            pass  # its frames are queued already; the pins go when ZeroMQ lets go of them
+        elif isinstance(message, (Landed, Abort)):
+            self._release(session, message.req)
         elif isinstance(message, Disconnect):
             self._drop(ident, why=f"said goodbye ({message.reason[:100]})")
 
@@ -235,14 +246,18 @@ class PeerServer:
             self._drop(ident, why=None)
         kind = choose_plane(self._identity.capabilities, hello.capabilities)
         assert kind is not None  # refusal() checked
-        self._sessions[ident] = Session(hello.peer_id, hello.data_plane.num_slots, now)
+        self._sessions[ident] = Session(hello.peer_id, hello.data_plane.num_slots, now,
+                                        plane=kind)
         self.counters["sessions"] += 1
         self._log.info("peer %r connected (data plane %s)", hello.peer_id[:100], kind)
-        plane = DataPlane("nixl" if kind == "nixl" else "zmq", self._pool.num_slots,
-                          self._pool.slot_bytes)
+        if kind == "nixl" and self._nixl is not None:
+            plane = self._nixl.descriptor()
+        else:
+            plane = DataPlane("zmq", self._pool.num_slots, self._pool.slot_bytes)
         self._send(sock, ident, Welcome(self._identity.peer_id, self._limits.keepalive_s, plane,
                                         min(self._max_pinned, MAX_KEYS),
-                                        accepts_stores=self._sink is not None))
+                                        accepts_stores=self._sink is not None,
+                                        capacity_bytes=self._capacity_bytes))
 
     def _lookup(self, sock: zmq.Socket[bytes], ident: bytes, lookup: Lookup) -> None:
         self.counters["lookups"] += 1
@@ -259,7 +274,7 @@ class PeerServer:
     def _fetch(self, sock: zmq.Socket[bytes], ident: bytes, session: Session,
                fetch: Fetch, now: float) -> None:
         self.counters["fetches"] += 1
-        self._settle(session, now)  # what ZeroMQ let go of since is not pinned any more
+        self._settle(session, now)  # pins past their timeout go first
         try:
             check_slots(fetch, session.num_slots)
         except ProtocolError as exc:
@@ -285,21 +300,43 @@ class PeerServer:
             self._send(sock, ident, TransferDone(fetch.req, bytes(states), []))
             return
         block = self._pool.block
-        frames = [zmq.Frame(block(slot), track=True) for slot in job.slots]
-        sums = [checksum(block(slot)) for slot in job.slots]
+        keys = [fetch.keys[i] for i in wanted]
+        sums = [self._checksum(key, slot) for key, slot in zip(keys, job.slots, strict=True)]
         for i in wanted:
             states[i] = State.PRESENT
-        header = encode(TransferDone(fetch.req, bytes(states), sums))
+        if session.plane == "nixl":  # the puller READs the pinned slots, then Landed
+            frames: list[zmq.Frame] = []
+            header = encode(TransferDone(fetch.req, bytes(states), sums, list(job.slots)))
+        else:
+            frames = [zmq.Frame(block(slot)) for slot in job.slots]
+            header = encode(TransferDone(fetch.req, bytes(states), sums))
         try:
             sock.send_multipart([ident, header, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # full or gone: the peer times out and retries
             self._log.debug("could not ship to %r: %s", session.peer_id[:100], exc)
-        tracker = zmq.MessageTracker(*frames)
-        session.pinned += len(frames)
+        n = len(job.slots)
+        session.pinned += n
         session.shipments.append(
-            Shipment(job.job_id, len(frames), tracker, now + self._limits.pin_timeout_s))
-        self.counters["blocks_shipped"] += len(frames)
-        self.counters["bytes_shipped"] += len(frames) * self._pool.block_bytes
+            Shipment(job.job_id, n, fetch.req, now + self._limits.pin_timeout_s))
+        self.counters["blocks_shipped"] += n
+        self.counters["bytes_shipped"] += n * self._pool.block_bytes
+
+    def _checksum(self, key: BlockKey, slot: int) -> int:
+        """The checksum shipped with `key`'s block: the one it had when this server
+        first summed it (or took it, verified, from a push). A key names the same
+        bytes for good (keys are content hashes), so the first sum stays right -
+        and a slot whose bytes changed since fails it at the puller."""
+        known = self._sums.get(key)
+        if known is None:
+            known = checksum(self._pool.block(slot))
+            self._remember_sum(key, known)
+        return known
+
+    def _remember_sum(self, key: BlockKey, value: int) -> None:
+        sums = self._sums
+        if key not in sums and len(sums) >= self._pool.num_slots:
+            sums.pop(next(iter(sums)))  # bounded: the oldest goes
+        sums[key] = value
 
     def _store(self, sock: zmq.Socket[bytes], ident: bytes, store: Store,
                blocks: list[zmq.Frame]) -> None:
@@ -310,6 +347,8 @@ class PeerServer:
                       f"store {store.req}: {len(blocks)} frames for {n} blocks of {bb} bytes")
             return
         states = bytearray([State.REFUSED] * n)
+        evicted: list[BlockKey] = []
+        usage = 0
         if self._sink is not None:
             good = []
             for i, block in enumerate(blocks):
@@ -318,15 +357,28 @@ class PeerServer:
                 else:
                     states[i] = State.CORRUPT
             if good:
-                held = self._sink([store.keys[i] for i in good], [blocks[i].buffer for i in good])
-                for i, ok in zip(good, held, strict=True):
-                    states[i] = State.PRESENT if ok else State.REFUSED
-                self.counters["blocks_stored"] += sum(held)
-        self._send(sock, ident, StoreDone(store.req, bytes(states)))
+                answer = self._sink([store.keys[i] for i in good],
+                                    [blocks[i].buffer for i in good])
+                for i, state in zip(good, answer.states, strict=True):
+                    states[i] = state
+                    if state == State.PRESENT:  # these bytes are the pool's now
+                        self._remember_sum(store.keys[i], store.checksums[i])
+                self.counters["blocks_stored"] += answer.states.count(State.PRESENT)
+                evicted, usage = answer.evicted[:MAX_KEYS], answer.usage_bytes
+        self._send(sock, ident, StoreDone(store.req, bytes(states), evicted, usage))
+
+    def _touch(self, touch: Touch) -> None:
+        """Refresh recency in the parent's pool, when the parent can (a manager's
+        `touch`; a `ParentManager` need not have one)."""
+        refresh = getattr(self._parent, "touch", None)
+        if self._sink is not None and callable(refresh):
+            refresh(touch.keys)
 
     # Housekeeping: pins whose frames ZeroMQ released, sessions gone silent.
 
     def _housekeeping(self, now: float) -> None:
+        if self._nixl is not None:
+            self._nixl.progress()  # a NIXL target: connection set-up needs it (50 ms)
         timeout = self._limits.session_timeout_s
         for ident, session in list(self._sessions.items()):
             if now - session.heard > timeout:
@@ -335,12 +387,17 @@ class PeerServer:
             if session.shipments:
                 self._settle(session, now)
 
+    def _release(self, session: Session, req: int) -> None:
+        """The peer is done with fetch `req`'s blocks (landed, or gave up)."""
+        for k, shipment in enumerate(session.shipments):
+            if shipment.req == req:
+                self._unpin(session, session.shipments.pop(k))
+                return
+
     def _settle(self, session: Session, now: float) -> None:
         kept = []
         for shipment in session.shipments:
-            if shipment.tracker.done:
-                self._unpin(session, shipment)
-            elif now > shipment.until:
+            if now > shipment.until:
                 self.counters["pin_timeouts"] += 1
                 self._unpin(session, shipment)
             else:

@@ -34,15 +34,18 @@ thread; sessions and transfers on the engine's loop; the server on its own threa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
 import zmq.asyncio
 from kvtiers.errors import ConfigError, ConfigProblem
+from kvtiers.integrity import checksum
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
@@ -54,8 +57,9 @@ from kvtiers.sdk.job import Job, Outcome
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
 
-from kvtiers_p2p.client import LinkOptions, PeerLink
+from kvtiers_p2p.client import LinkOptions, PeerLink, off_loop
 from kvtiers_p2p.handshake import Identity, seed_fingerprint
+from kvtiers_p2p.nixl_plane import NixlMissing, NixlPlane
 from kvtiers_p2p.protocol import MAX_KEYS, DataPlane, State
 from kvtiers_p2p.schema import P2P_SCHEMA
 from kvtiers_p2p.security import CurveKeys
@@ -93,12 +97,10 @@ class P2PTier(SecondaryTier):
         options = resolve_options(P2P_SCHEMA, config, "p2p")
         super().__init__(ctx, options)
         self._log = ctx.logger
-        plane = options["data_plane"]
-        if plane == "nixl":
-            raise ConfigError(ConfigProblem(
-                "$.data_plane", "the nixl data plane is not in this version of kvtiers-p2p; "
-                'use "auto" or "zmq" (ZeroMQ frames)'))
-        self._kinds = ("zmq",)
+        self._nixl = self._make_nixl(options["data_plane"], ctx)
+        self._kinds: tuple[str, ...] = ("zmq",)
+        if self._nixl is not None:
+            self._kinds = ("nixl",) if options["data_plane"] == "nixl" else ("nixl", "zmq")
         peer_id = options["peer_id"] or f"{socket.gethostname()}:{os.getpid()}"
         self.identity = Identity(peer_id, ctx.namespace.fingerprint,
                                  seed_fingerprint(options["hash_seed"]), ctx.block_bytes,
@@ -113,6 +115,11 @@ class P2PTier(SecondaryTier):
         self._fetch_timeout_s: float = options["fetch_timeout_s"]
         self._pending_wait_s: float = options["pending_wait_s"]
         self._push: bool = options["push"]
+        # Pushing into a cache node, this tier is one of its writers: the node's pool
+        # is storage several engines share (the conformance suite's sibling).
+        self.shared = self._push
+        self._usage_bytes = 0  # the node's pool, as its last StoreDone said (loop)
+        self._held: dict[int, list[int]] = {}  # store job id -> keys held already (loop)
         self._role: str | None = options["role"]
         self._miss_ttl_s: float = options["miss_ttl_s"]
         self._failed: dict[BlockKey, float] = {}  # remote_prefiller: key -> miss until
@@ -123,11 +130,15 @@ class P2PTier(SecondaryTier):
         self._links: dict[str, PeerLink] = {}
         self._where: dict[BlockKey, PeerLink] = {}  # written on the loop only
         self._zctx = zmq.asyncio.Context()
+        # Slot copies (arriving blocks landed and verified, pushed blocks read) run
+        # here, off the loop: the loop keeps receiving while a thread copies.
+        self._copier = ThreadPoolExecutor(max_workers=options["num_threads"],
+                                          thread_name_prefix=f"kvtiers-{ctx.name or 'p2p'}-copy")
         self._engine = AsyncJobEngine(
             ctx,
             load=AsyncJobHooks(block=self._load_one, batch=self._load_batch),
             store=AsyncJobHooks(block=self._store_one, batch=self._store_batch,
-                                start=self._store_start),
+                                start=self._store_start, end=self._store_end),
             load_concurrency=options["num_threads"], store_concurrency=1,
             stats=self._stats, batch_bytes=MAX_KEYS * ctx.block_bytes,
             on_close=self._close_links, name=f"kvtiers-{ctx.name or 'p2p'}")
@@ -145,13 +156,40 @@ class P2PTier(SecondaryTier):
         never blocks. False when it is known already or too many peers are."""
         if self._closed or endpoint in self._links or len(self._links) >= MAX_PEERS:
             return False
-        plane = DataPlane("zmq", self.ctx.pool.num_slots, self.ctx.pool.slot_bytes)
+        if self._nixl is not None:
+            plane = self._nixl.descriptor()
+        else:
+            plane = DataPlane("zmq", self.ctx.pool.num_slots, self.ctx.pool.slot_bytes)
         link = PeerLink(endpoint, self.identity.hello(plane), self.ctx.pool,
                         context=self._zctx, options=self._link_options, curve=self._curve,
-                        logger=self._log)
+                        logger=self._log, lander=self._copier, nixl=self._nixl)
         self._links[endpoint] = link
         self._engine.loop.call_soon_threadsafe(link.start)
         return True
+
+    def _make_nixl(self, choice: str, ctx: TierContext) -> NixlPlane | None:
+        """The NIXL plane for `data_plane` "nixl" (required: a ConfigError saying
+        what is missing) or "auto" (when NIXL imports and its agent starts)."""
+        if choice == "zmq":
+            return None
+        try:
+            return NixlPlane(ctx.pool, name=f"kvtiers-{ctx.name or 'p2p'}")
+        except (NixlMissing, RuntimeError) as exc:
+            if choice == "nixl":
+                raise ConfigError(ConfigProblem("$.data_plane", str(exc))) from exc
+            self._log.info("p2p: NIXL data plane unavailable (%s); using ZeroMQ frames",
+                           str(exc)[:300])
+            return None
+
+    @property
+    def nixl(self) -> NixlPlane | None:
+        """The NIXL plane, when this tier has one."""
+        return self._nixl
+
+    @property
+    def data_planes(self) -> tuple[str, ...]:
+        """The data planes this tier offers, preferred first."""
+        return self._kinds
 
     @property
     def links(self) -> Mapping[str, PeerLink]:
@@ -193,7 +231,19 @@ class P2PTier(SecondaryTier):
         return self._engine.drain(timeout)
 
     def stats(self) -> TierStats:
-        return self._stats.snapshot(usage_bytes=0)
+        """Pushing: the usage and capacity of the node's pool (as it last said)."""
+        if not self._push:
+            return self._stats.snapshot(usage_bytes=0)
+        capacity = max((x.capacity_bytes for x in self._links.values()
+                        if x.accepts_stores), default=0)
+        return dataclasses.replace(self._stats.snapshot(usage_bytes=self._usage_bytes),
+                                   capacity_bytes=capacity)
+
+    def touch(self, keys: Iterable[BlockKey]) -> None:
+        """Pushing: tell the nodes the blocks were used (their pools' recency)."""
+        if self._push and not self._closed:
+            keys = list(keys)
+            self._engine.loop.call_soon_threadsafe(self._touch, keys)
 
     def on_request_start(self, request_id: str,
                          params: Mapping[str, Any] | None = None) -> None:
@@ -231,7 +281,8 @@ class P2PTier(SecondaryTier):
             max_sessions=self.config["limits"]["max_sessions"])
         server = PeerServer(parent, self.ctx.pool, self.identity,
                             bind=f"tcp://{self.config['host']}:{port}", limits=limits,
-                            curve=self._curve, sink=self._sink, logger=self._log)
+                            curve=self._curve, sink=self._sink, logger=self._log,
+                            nixl=self._nixl)
         server.start()
         self._server = server
 
@@ -243,6 +294,9 @@ class P2PTier(SecondaryTier):
         if self._server is not None:
             self._server.close()
         self._engine.close(timeout=2.0)
+        self._copier.shutdown(wait=False)
+        if self._nixl is not None:
+            self._nixl.close()
 
     # The probe's thread.
 
@@ -302,6 +356,12 @@ class P2PTier(SecondaryTier):
         eager = None
         if self._role == "remote_prefiller":
             eager = next((x for x in self._links.values() if x.ready), None)
+        if eager is None:
+            # A key no probe placed (a load with no lookup before it, or a verdict
+            # older than the memory of holders): ask the peers first.
+            unknown = [keys[i] for i in indices if keys[i] not in self._where]
+            if unknown:
+                await self._ask(unknown)
         for i in indices:
             link = self._where.get(keys[i], eager)
             if link is not None:
@@ -338,14 +398,46 @@ class P2PTier(SecondaryTier):
 
     async def _store_batch(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
         """Push to the first ready peer that takes stores; REJECTED when none does
-        (a healthy refusal: the breaker does not count it)."""
+        (a healthy refusal: the breaker does not count it). A key the node held
+        already succeeds with 0 bytes moved (`_store_end`)."""
         link = next((x for x in self._links.values() if x.ready and x.accepts_stores), None)
         if link is None:
             return [FailureReason.REJECTED] * len(indices)
+        keys = [job.keys[i] for i in indices]
+        blocks, sums = await off_loop(self._copier, self._read_slots,
+                                      [job.slots[i] for i in indices])
+        outcomes, done = await link.push(keys, blocks, sums, self._timeout(job))
+        if done is not None:
+            self._usage_bytes = done.usage_bytes
+            for key in done.evicted:
+                self._where.pop(key, None)
+                self._probe.record(key, False)
+            if done.evicted:
+                self._stats.evicted(len(done.evicted))
+            held = self._held.setdefault(job.job_id, [])
+            for i, key, outcome, state in zip(indices, keys, outcomes, done.states,
+                                              strict=True):
+                if outcome is None:
+                    self._remember(key, link)
+                    self._probe.record(key, True)
+                    if state == State.HELD:
+                        held.append(i)
+        return outcomes
+
+    def _read_slots(self, slots: list[int]) -> tuple[list[bytes], list[int]]:
+        """A copy of each slot's block and its checksum (a copier thread)."""
         block = self.ctx.pool.block
-        timeout = self._timeout(job)
-        return await link.push([job.keys[i] for i in indices],
-                               [block(job.slots[i]) for i in indices], timeout)
+        copies = [bytes(block(slot)) for slot in slots]
+        return copies, [checksum(c) for c in copies]
+
+    def _store_end(self, job: Job) -> None:
+        for i in self._held.pop(job.job_id, ()):
+            if job.succeeded(i):
+                job.succeed(i, 0)
+
+    def _touch(self, keys: list[BlockKey]) -> None:
+        for link in self._links.values():
+            link.touch(keys)
 
     async def _store_one(self, job: Job, i: int) -> Outcome:
         return (await self._store_batch(job, [i]))[0]

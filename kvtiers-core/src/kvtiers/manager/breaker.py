@@ -13,7 +13,8 @@ import enum
 from kvtiers.clock import Clock
 
 
-class BreakerState(enum.StrEnum):
+# Not enum.StrEnum (3.11+): kvtiers-core supports Python 3.10.
+class BreakerState(str, enum.Enum):  # noqa: UP042
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
