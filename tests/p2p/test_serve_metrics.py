@@ -34,10 +34,15 @@ def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def _serve(tmp_path: Path, *args: str, timing: bool = True,
+def _serve(tmp_path: Path, *args: str, timing: bool = True, fs: bool = False,
            env: dict[str, str] | None = None) -> tuple[Any, Path]:
+    tiers: list[dict[str, Any]] = [{"type": "p2p", "port": 0, **FAST}]
+    if fs:  # the node cascades what it keeps into an fs tier below it
+        (tmp_path / "fs").mkdir()
+        tiers.append({"type": "fs", "root_dir": str(tmp_path / "fs"),
+                      "capacity_bytes": 64 << 20, "shared": False})
     config = {"cpu_bytes_to_use": SLOTS * BB, "metrics": {"scheduler_call_timing": timing},
-              "secondary_tiers": [{"type": "p2p", "port": 0, **FAST}]}
+              "secondary_tiers": tiers}
     ready = tmp_path / "ready.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvtiers", "serve", "--config", json.dumps(config),
@@ -53,15 +58,7 @@ def test_a_node_serves_metrics_while_engines_use_it(
         tmp_path: Path, engines: MakeEngine, timing: bool) -> None:
     proc, ready = _serve(tmp_path, "--metrics-port", "0", timing=timing)
     try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()  # printed before the node serves
-        assert line.startswith("metrics: http://127.0.0.1:"), line
-        url = line.split()[1]
-        end = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < end, "the node did not start"
-            time.sleep(0.02)
-        endpoint = json.loads(ready.read_text())["endpoints"][0]
+        url, endpoint = _started(proc, ready)
         before = _scrape(url)
         assert before[("kvtiers_pool_slots", ())] == SLOTS
         assert before[("kvtiers_pool_resident_blocks", ())] == 0
@@ -95,6 +92,50 @@ def test_a_node_serves_metrics_while_engines_use_it(
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
     assert out.rstrip().endswith("kvtiers serve: stopped")
+
+
+def _started(proc: Any, ready: Path) -> tuple[str, str]:
+    """The metrics URL and the node's endpoint, once it serves."""
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # printed before the node serves
+    assert line.startswith("metrics: http://127.0.0.1:"), line
+    end = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < end, "the node did not start"
+        time.sleep(0.02)
+    return line.split()[1], json.loads(ready.read_text())["endpoints"][0]
+
+
+def test_the_node_s_tiers_report_their_jobs(tmp_path: Path, engines: MakeEngine) -> None:
+    """The node builds its tiers with the metrics sink and meters them, as
+    `build_manager` does for an engine: the fs tier below the node shows its store
+    jobs (an event metric, not one fed from stats)."""
+    proc, ready = _serve(tmp_path, "--metrics-port", "0", fs=True)
+    try:
+        url, endpoint = _started(proc, ready)
+        a = engines({"peers": [endpoint], "push": True})
+        assert a.wait_ready()
+        keys = keys_for("metered-fs", 8)
+        a.store(keys)  # pushed into the node's pool, which cascades them into fs
+        b = engines({"peers": [endpoint]})
+        assert b.wait_ready()
+        assert b.settle(keys) == [LookupResult.HIT] * 8
+        b.check_loaded(keys)  # byte for byte, pulled from the node
+        job = ("kvtiers_tier_job_seconds_count", (("kind", "store"), ("tier", "fs")))
+        deadline = time.monotonic() + 30
+        while True:
+            m = _scrape(url)
+            if m.get(job, 0) >= 1 and m.get(
+                    ("kvtiers_tier_written_bytes_total", (("tier", "fs"),)), 0) >= 8 * BB:
+                break
+            assert time.monotonic() < deadline, {k: v for k, v in m.items() if "tier" in k[0]}
+            time.sleep(0.2)
+        assert proc.poll() is None
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
 
 
 def test_a_bad_port_or_no_prometheus_is_refused_before_serving(tmp_path: Path) -> None:

@@ -91,11 +91,16 @@ def run_serve(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        node = CacheNode(config, namespace)
+        recorder = None
+        if args.metrics_port is not None:
+            from kvtiers.metrics_recorder import MetricsRecorder
+
+            recorder = MetricsRecorder()
+        node = CacheNode(config, namespace, metrics=recorder)
         metrics = None
         try:
-            if args.metrics_port is not None:
-                metrics = _serve_metrics(node, config, args.metrics_port)
+            if recorder is not None:
+                metrics = _serve_metrics(node, config, recorder, args.metrics_port)
             out = sys.stdout
             if args.snapshot_load is not None:
                 print(_snapshot_load(node, args.snapshot_load, storage_options), file=out,
@@ -128,16 +133,14 @@ def run_serve(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
 
 
-def _serve_metrics(node: Any, config: Any, port: int) -> Any:
+def _serve_metrics(node: Any, config: Any, recorder: Any, port: int) -> Any:
     """The node's manager metered (`MeteredManager`: its calls timed unless the
     config's `metrics.scheduler_call_timing` is off, its stats published from
-    `step`), served on `port`; the server, to close. The tiers' own event metrics
-    need the node to build them with a sink: not yet (stats-fed metrics only)."""
+    `step`; the node built its tiers reporting to `recorder`), served on `port`; the
+    server, to close."""
     from kvtiers.metrics_instrument import MeteredManager
     from kvtiers.metrics_prom import MetricsExporter
-    from kvtiers.metrics_recorder import MetricsRecorder
 
-    recorder = MetricsRecorder()
     node.manager = MeteredManager(node.manager, recorder,
                                   call_timing=config.metrics.scheduler_call_timing)
     server = MetricsExporter(recorder).serve(port)

@@ -24,7 +24,7 @@ from kvtiers.errors import ConfigError, ConfigProblem
 from kvtiers.keys import BlockKey
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.manager.build import num_slots_for, tier_names
-from kvtiers.metrics import NullMetrics
+from kvtiers.metrics import LabelledSink, MetricsSink, NullMetrics
 from kvtiers.namespace import Namespace
 from kvtiers.plugins.registry import Registry, get_registry
 from kvtiers.policies.base import EvictionPolicy
@@ -54,10 +54,14 @@ class CacheNode:
     """Build the node for `config` (a kvtiers config with at least one p2p tier
     with a `port`) and `namespace` (the model whose blocks it holds): the pool is
     allocated (refused when larger than the machine), the tiers are built and the
-    p2p tiers start serving. `close` ends everything."""
+    p2p tiers start serving. `close` ends everything. `metrics`: each tier reports to
+    it labelled with its name and is wrapped in a `MeteredTier` (what `build_manager`
+    does for an engine), so `kvtiers serve --metrics-port` shows the tiers' lookups
+    and jobs too."""
 
     def __init__(self, config: KvtiersConfig, namespace: Namespace, *,
-                 registry: Registry | None = None, logger: logging.Logger | None = None):
+                 registry: Registry | None = None, logger: logging.Logger | None = None,
+                 metrics: MetricsSink | None = None):
         registry = registry or get_registry()
         self.log = logger or logging.getLogger("kvtiers.serve")
         self.namespace = namespace
@@ -66,11 +70,12 @@ class CacheNode:
             raise ConfigError(ConfigProblem(
                 "$", "kvtiers serve holds one KV-cache group's blocks per node"))
         self.pool = CpuPool(block_bytes, config.cpu_bytes_to_use, shared=False, pin=False)
-        tiers: list[SecondaryTier] = []
+        tiers: list[SecondaryTier] = []  # as built (the manager gets them metered)
         try:
             for name, section in zip(tier_names(config), config.secondary_tiers, strict=True):
+                sink = NullMetrics() if metrics is None else LabelledSink(metrics, tier=name)
                 ctx = TierContext(self.pool.view, namespace, monotonic,
-                                  self.log.getChild(name), NullMetrics(), name, registry)
+                                  self.log.getChild(name), sink, name, registry)
                 tiers.append(create_tier(section, ctx, registry))
             self.p2p = [t for t in tiers if isinstance(t, P2PTier) and t.config["port"] is not None]
             if not self.p2p:
@@ -82,8 +87,14 @@ class CacheNode:
             if not issubclass(policy, EvictionPolicy):
                 raise ConfigError(ConfigProblem(
                     "$.eviction_policy", f"{config.eviction_policy!r} is not an eviction policy"))
+            managed = tiers
+            if metrics is not None:
+                from kvtiers.metrics_instrument import MeteredTier  # it imports the manager
+
+                managed = [MeteredTier(t, name, metrics)
+                           for t, name in zip(tiers, tier_names(config), strict=True)]
             self.manager = TieringOffloadingManager(
-                slots, policy.for_slots(slots), tiers, write_policy=config.write_policy,
+                slots, policy.for_slots(slots), managed, write_policy=config.write_policy,
                 job_timeout_s=config.job_timeout_s,
                 cascade_queue_blocks=config.cascade_queue_blocks,
                 breaker_failures=config.breaker.failures,
