@@ -13,6 +13,8 @@
   flight, removals reported, and recency export/restore as JSON; a queued mode
   (the scheduler's pin/touch never take its lock) and a feed from shared storage
   (`adopt`, `hold`/`release`) for tiers whose decisions are in a shared journal.
+- `ErrorCounts` (`kvtiers.sdk.errors`): problems counted by kind and logged once per
+  kind, scrubbed of secrets (a tier's `stats().errors`).
 
 A tier's work is described by `JobHooks` (`AsyncJobHooks`): functions that receive
 a `Job` (`kvtiers.sdk.job`) and settle its keys. `AsyncJobEngine` is imported on
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind, Task
 from kvtiers.sdk.engine import BATCH_BYTES, BatchFn, BlockFn, JobEngine, JobHooks
+from kvtiers.sdk.errors import ErrorCounts
 from kvtiers.sdk.index import BoundedIndex, EntryView, IndexView, Pins, Reservation, Verdict
 from kvtiers.sdk.job import CrashHook, Deferred, EndHook, Job, JobLedger, Outcome, StartHook
 
@@ -47,6 +50,7 @@ __all__ = [
     "DualQueueThreadPool",
     "EndHook",
     "EntryView",
+    "ErrorCounts",
     "IndexView",
     "Job",
     "JobEngine",
