@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kvtiers.jobs import FailureReason
-from kvtiers.sdk import Job
+from kvtiers.sdk import Job, run_off_loop
 from kvtiers.stats import StatsRecorder
 from kvtiers.tier import TierContext
 
@@ -70,14 +70,8 @@ class IoContext:
         return limit
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on a copier thread. Cancelled (the tier closing), it still
-        waits for the thread: the job's slots must be untouched once it is reported."""
-        fut = asyncio.get_running_loop().run_in_executor(self.copier, fn, *args)
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await asyncio.wait([fut])
-            raise
+        """`fn(*args)` on a copier thread (`kvtiers.sdk.run_off_loop`)."""
+        return await run_off_loop(self.copier, fn, *args)
 
     def delete_later(self, objects: Sequence[StoredObject]) -> None:
         """Delete objects in the background (on the loop thread)."""

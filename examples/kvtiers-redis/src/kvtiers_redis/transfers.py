@@ -38,7 +38,16 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from kvtiers import integrity
 from kvtiers.jobs import FailureReason
-from kvtiers.sdk import AsyncJobHooks, BoundedIndex, Job, Outcome, Pins, Reservation, Verdict
+from kvtiers.sdk import (
+    AsyncJobHooks,
+    BoundedIndex,
+    Job,
+    Outcome,
+    Pins,
+    Reservation,
+    Verdict,
+    run_off_loop,
+)
 from kvtiers.stats import StatsRecorder
 from kvtiers.tier import TierContext
 from redis.exceptions import RedisError
@@ -116,14 +125,8 @@ class Transfers:
             return FailureReason.IO
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on a copier thread. Cancelled (the tier closing), it still
-        waits for the thread: the job's slots must be untouched once it is reported."""
-        fut = asyncio.get_running_loop().run_in_executor(self.copier, fn, *args)
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await asyncio.wait([fut])
-            raise
+        """`fn(*args)` on a copier thread (`kvtiers.sdk.run_off_loop`)."""
+        return await run_off_loop(self.copier, fn, *args)
 
     def unlink_later(self, keys: list[bytes]) -> None:
         """Delete the values of `keys` in the background (on the loop thread)."""

@@ -32,7 +32,13 @@ from kvtiers.sdk.index import BoundedIndex, EntryView, IndexView, Pins, Reservat
 from kvtiers.sdk.job import CrashHook, Deferred, EndHook, Job, JobLedger, Outcome, StartHook
 
 if TYPE_CHECKING:
-    from kvtiers.sdk.aio import AsyncBatchFn, AsyncBlockFn, AsyncJobEngine, AsyncJobHooks
+    from kvtiers.sdk.aio import (
+        AsyncBatchFn,
+        AsyncBlockFn,
+        AsyncJobEngine,
+        AsyncJobHooks,
+        run_off_loop,
+    )
 
 __all__ = [
     "BATCH_BYTES",
@@ -63,9 +69,10 @@ __all__ = [
     "StartHook",
     "Task",
     "Verdict",
+    "run_off_loop",
 ]
 
-_AIO = {"AsyncBatchFn", "AsyncBlockFn", "AsyncJobEngine", "AsyncJobHooks"}
+_AIO = {"AsyncBatchFn", "AsyncBlockFn", "AsyncJobEngine", "AsyncJobHooks", "run_off_loop"}
 
 
 def __getattr__(name: str) -> Any:

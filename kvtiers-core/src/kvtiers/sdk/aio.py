@@ -44,9 +44,23 @@ from kvtiers.sdk.job import CrashHook, EndHook, Job, JobFlow, JobLedger, Outcome
 from kvtiers.stats import StatsRecorder
 from kvtiers.tier import TierContext
 
-__all__ = ["AsyncBatchFn", "AsyncBlockFn", "AsyncJobEngine", "AsyncJobHooks"]
+__all__ = ["AsyncBatchFn", "AsyncBlockFn", "AsyncJobEngine", "AsyncJobHooks", "run_off_loop"]
 
 T = TypeVar("T")
+
+
+async def run_off_loop(executor: concurrent.futures.Executor, fn: Callable[..., T],
+                       *args: Any) -> T:
+    """`fn(*args)` on `executor` (a tier's copier threads: slot copies and checksums
+    off the event loop). Cancelled (the tier closing), it still waits for the thread
+    to finish before the cancellation goes on: a job's slots must be untouched once
+    the job is reported."""
+    fut = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait([fut])
+        raise
 
 #: `block(job, i)`: a coroutine doing the I/O of key `i`; None when it succeeded
 AsyncBlockFn = Callable[[Job, int], Awaitable[Outcome]]
