@@ -39,6 +39,16 @@ _log = logging.getLogger("kvtiers.manager")
 _UNHEALTHY = {FailureReason.IO, FailureReason.TIMEOUT, FailureReason.CLOSED}
 
 
+_NOBODY: frozenset[int] = frozenset()
+
+
+def _answers_in_request(tier: SecondaryTier) -> bool:
+    """Whether `tier` answers lookups per request (a tier-like object without the
+    optional method: no)."""
+    answers = getattr(tier, "answers_in_request", None)
+    return bool(answers()) if callable(answers) else False
+
+
 class TierTraffic:
     """See the module docstring. `tiers` and `jobs` may be read (stats, checks);
     `next_id()` hands out job ids shared with the manager's peer jobs."""
@@ -79,6 +89,10 @@ class TierTraffic:
         self.jobs: dict[int, TierJob] = {}
         #: the tiers with an admission policy (that count uses of blocks)
         self.judged = [rt for rt in self.tiers if rt.admission is not None]
+        #: the indices of the tiers whose answer depends on the request asking
+        #: (`SecondaryTier.answers_in_request`, asked once, here)
+        self.in_request = frozenset(rt.index for rt in self.tiers
+                                    if _answers_in_request(rt.tier))
         # Promotions on their way (reserved, submitted, not landed): key -> tier name.
         self._promoting: dict[BlockKey, str] = {}
         for rt in self.tiers:
@@ -88,18 +102,25 @@ class TierTraffic:
 
     # ------------------------------------------------------------------ lookups
 
-    def lookup(self, key: BlockKey, only: Container[int] | None = None) -> LookupResult:
+    def lookup(self, key: BlockKey, only: Container[int] | None = None,
+               request_id: str | None = None) -> LookupResult:
         """Ask the tiers in order (those whose index is in `only`, if given) for a
         block the pool lacks. A HIT reserves a slot and queues its promotion for
-        this step's job: HIT_PENDING. MISS also when no slot can be had."""
+        this step's job: HIT_PENDING. MISS also when no slot can be had.
+        `request_id`: the engine request asking (None: none); the tiers of
+        `in_request` are asked `lookup_in_request(key, request_id)` then."""
         retry = False
+        asks = self.in_request if request_id is not None else _NOBODY
         for rt in self.tiers:
             if rt.stuck_blocks >= rt.queue_limit or not rt.breaker.allows():
                 continue
             if only is not None and rt.index not in only:
                 continue
             try:
-                answer = rt.tier.lookup(key)
+                if asks and rt.index in asks:
+                    answer = rt.tier.lookup_in_request(key, request_id)  # type: ignore[arg-type]
+                else:
+                    answer = rt.tier.lookup(key)
             except Exception:  # noqa: BLE001 - a tier's failure is a miss
                 rt.counters.lookup_errors += 1
                 _log.exception("tier %s: lookup raised; treating as a miss", rt.name)
