@@ -11,6 +11,7 @@ module that depends on it.
 #    CommandRecord names its functions lazily ("module:function").
 #    Later, still 2: SecondaryTier.lookup_in_request(key, request_id) and
 #    answers_in_request(), optional with defaults (`lookup(key)`; whether the class
-#    overrides it), so every plugin written for 2 works unchanged: the version is
+#    overrides it), and ParentManager.watch_removals(listener) (default: False, "I
+#    cannot"), so every plugin written for 2 works unchanged: the version is
 #    bumped only by a change that breaks one.
 CONTRACT_VERSION = 2
