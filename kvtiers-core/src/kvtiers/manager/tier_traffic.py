@@ -39,9 +39,6 @@ _log = logging.getLogger("kvtiers.manager")
 _UNHEALTHY = {FailureReason.IO, FailureReason.TIMEOUT, FailureReason.CLOSED}
 
 
-_NOBODY: frozenset[int] = frozenset()
-
-
 def _answers_in_request(tier: SecondaryTier) -> bool:
     """Whether `tier` answers lookups per request (a tier-like object without the
     optional method: no)."""
@@ -110,17 +107,16 @@ class TierTraffic:
         `request_id`: the engine request asking (None: none); the tiers of
         `in_request` are asked `lookup_in_request(key, request_id)` then."""
         retry = False
-        asks = self.in_request if request_id is not None else _NOBODY
         for rt in self.tiers:
             if rt.stuck_blocks >= rt.queue_limit or not rt.breaker.allows():
                 continue
             if only is not None and rt.index not in only:
                 continue
             try:
-                if asks and rt.index in asks:
-                    answer = rt.tier.lookup_in_request(key, request_id)  # type: ignore[arg-type]
-                else:
+                if request_id is None or rt.index not in self.in_request:
                     answer = rt.tier.lookup(key)
+                else:
+                    answer = rt.tier.lookup_in_request(key, request_id)
             except Exception:  # noqa: BLE001 - a tier's failure is a miss
                 rt.counters.lookup_errors += 1
                 _log.exception("tier %s: lookup raised; treating as a miss", rt.name)
