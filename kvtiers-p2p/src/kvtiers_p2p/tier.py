@@ -216,9 +216,7 @@ class P2PTier(SecondaryTier):
         if self._role == "remote_prefiller":
             # P/D: the prefill node holds this engine's blocks; no probe (a block it
             # lacks fails its fetch: a miss one step later).
-            failed = self._failed.get(key)
-            hit = (failed is None or failed < self.ctx.clock()) and any(
-                link.ready for link in self._links.values())
+            hit = not self._failing(key) and any(link.ready for link in self._links.values())
             self._stats.lookup(hit)
             return LookupResult.HIT if hit else LookupResult.MISS
         answer = self._probe.check(key)
@@ -234,9 +232,7 @@ class P2PTier(SecondaryTier):
         link = self._prefills.link(request_id)
         if link is None or not link.ready or self._closed or self._role == "remote_decoder":
             return self.lookup(key)
-        failed = self._failed.get(key)
-        if (failed is not None and failed >= self.ctx.clock()) or not self._prefills.name(
-                request_id, key):
+        if self._failing(key) or not self._prefills.name(request_id, key):
             return self.lookup(key)
         self._stats.lookup(True)
         return LookupResult.HIT
@@ -371,6 +367,11 @@ class P2PTier(SecondaryTier):
             todo = [k for k in todo if k not in found]
         return found
 
+    def _failing(self, key: BlockKey) -> bool:
+        """`key` failed a fetch from a prefiller within `miss_ttl_s` (any thread)."""
+        failed = self._failed.get(key)
+        return failed is not None and failed >= self.ctx.clock()
+
     def _remember_failed(self, key: BlockKey) -> None:
         """remote_prefiller (the tier's role or a request's): `key` failed its
         fetch; a miss for `miss_ttl_s`."""
@@ -392,18 +393,19 @@ class P2PTier(SecondaryTier):
         eager = None
         if self._role == "remote_prefiller":
             eager = next((x for x in self._links.values() if x.ready), None)
-        # The prefiller a request's lookup named for a key (`lookup_in_request`).
-        named = [self._prefills.holder(keys[i]) for i in indices]
+        # The prefiller a request's lookup named for a key (`lookup_in_request`),
+        # unless a fetch from a prefiller failed it lately (another lookup placed it).
+        holder = self._prefills.holder
+        named = [None if self._failing(keys[i]) else holder(keys[i]) for i in indices]
         if eager is None:
             # A key no probe placed (a load with no lookup before it, or a verdict
             # older than the memory of holders): ask the peers first.
-            unknown = [keys[i] for i, holder in zip(indices, named, strict=True)
-                       if holder is None and keys[i] not in self._where]
+            unknown = [keys[i] for i, link in zip(indices, named, strict=True)
+                       if link is None and keys[i] not in self._where]
             if unknown:
                 await self._ask(unknown)
         unprobed: set[int] = set()  # pulled from a request's prefiller, unprobed
-        for i, holder in zip(indices, named, strict=True):
-            link = holder
+        for i, link in zip(indices, named, strict=True):
             if link is None:
                 link = self._where.get(keys[i], eager)
             else:
