@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -19,7 +20,8 @@ from kvtiers_p2p.client import PeerLink
 from kvtiers_p2p.prefills import Prefills
 
 from tests.p2p.conftest import MakeEngine, Peer, StartPeer
-from tests.p2p.engine import Engine, block_data, keys_for
+from tests.p2p.engine import BB, FAST, SLOTS, Engine, block_data, keys_for
+from tests.p2p.nodes import Node
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 PENDING, RETRY = LookupResult.HIT_PENDING, LookupResult.RETRY
@@ -193,3 +195,33 @@ def test_a_key_stored_again_from_other_bytes_is_pulled_with_them(
     finally:
         puller.mgr.complete_load(keys)
     assert puller.mgr.stats()["tiers"]["p2p"].get("promotion_failures", 0) == 0
+
+
+def test_a_node_ships_the_bytes_pushed_last_under_a_key(
+    tmp_path: Path, engines: MakeEngine
+) -> None:
+    """A cache node takes a pushed block's checksum with it; evicted, and pushed
+    again from other bytes, the key is pulled with the new ones."""
+    node = Node({"cpu_bytes_to_use": SLOTS * BB,
+                 "secondary_tiers": [{"type": "p2p", "port": 0, **FAST}]}, tmp_path)
+    try:
+        writer = engines({"peers": [node.endpoint], "push": True})
+        puller = engines({"peers": [node.endpoint]})
+        assert writer.wait_ready() and puller.wait_ready()
+        keys = keys_for("pushed", 4)
+        writer.store(keys)
+        assert puller.settle(keys) == [HIT] * 4
+        puller.check_loaded(keys)
+        writer.store(keys_for("filler", SLOTS))  # the node evicts the first ones
+        assert all(writer.mgr.slot_of(k) is None for k in keys)  # the writer's too
+        writer.store(keys, salt="v2")  # pushed again: the node did not hold them
+        puller.mgr.reset()
+        assert puller.settle(keys) == [HIT] * 4
+        slots = puller.mgr.prepare_load(keys)
+        try:
+            for key, slot in zip(keys, slots, strict=True):
+                assert bytes(puller.pool.block(slot)) == block_data(key, BB, "v2")
+        finally:
+            puller.mgr.complete_load(keys)
+    finally:
+        node.kill()
