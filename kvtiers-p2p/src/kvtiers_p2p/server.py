@@ -38,8 +38,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -75,6 +73,7 @@ from kvtiers_p2p.protocol import (
 )
 from kvtiers_p2p.security import CurveKeys
 from kvtiers_p2p.sessions import ServeLimits, Session, Shipment, StoreSink
+from kvtiers_p2p.sums import BlockSums
 
 __all__ = ["PeerServer", "ServeLimits", "StoreSink"]
 
@@ -102,13 +101,7 @@ class PeerServer:
         self._curve = curve
         self._sink = sink
         self._nixl = nixl  # the NIXL plane: its agent has `pool` registered
-        self._sums: dict[BlockKey, int] = {}  # key -> its block's checksum (`_checksum`)
-        # Keys of `_sums` that left the pool since (the manager's thread appends, this
-        # server's drops them); `_sums_lost`: too many to list, drop every sum.
-        self._stale: deque[BlockKey] = deque()
-        self._sums_lost = False
-        watch = getattr(parent, "watch_removals", None)
-        self._cache_sums = bool(watch(self._left_pool)) if callable(watch) else False
+        self._sums = BlockSums(parent, pool)  # the checksums shipped (`_checksum`)
         self._capacity_bytes = pool.num_slots * pool.block_bytes if sink is not None else 0
         self._log = logger or logging.getLogger("kvtiers.p2p.server")
         self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
@@ -330,50 +323,10 @@ class PeerServer:
         self.counters["bytes_shipped"] += n * self._pool.block_bytes
 
     def _checksum(self, key: BlockKey, slot: int) -> int:
-        """The checksum shipped with `key`'s block, pinned in `slot`: the one this
-        server summed (or took, verified, from a push) since the block last came
-        into the pool. A block that left the pool is forgotten as it leaves (the
-        parent's `watch_removals`), so a key stored again from other bytes gets a
-        new sum; a parent that cannot say so gets a sum per fetch."""
-        if self._stale or self._sums_lost:
-            self._drop_stale()
-        known = self._sums.get(key)
-        if known is None:
-            known = checksum(self._pool.block(slot))
-            self._remember_sum(key, known)
-        return known
-
-    def _remember_sum(self, key: BlockKey, value: int) -> None:
-        if not self._cache_sums:
-            return
-        sums = self._sums
-        if key not in sums and len(sums) >= self._pool.num_slots:
-            sums.pop(next(iter(sums)))  # bounded: the oldest goes
-        sums[key] = value
-
-    def _left_pool(self, keys: Sequence[BlockKey]) -> None:
-        """The manager's thread, as `keys` leave the pool: their sums are stale
-        (dropped here before the next one is shipped). O(1) per key; bounded: past
-        two per slot, every sum goes instead."""
-        sums, stale = self._sums, self._stale
-        for key in keys:
-            if key in sums:
-                if len(stale) >= 2 * self._pool.num_slots:
-                    self._sums_lost = True
-                    return
-                stale.append(key)
-
-    def _drop_stale(self) -> None:
-        """This server's thread, after pinning what it ships: forget the sums of
-        blocks that left the pool (their removal came before the pin)."""
-        sums, stale = self._sums, self._stale
-        if self._sums_lost:
-            self._sums_lost = False
-            sums.clear()
-            stale.clear()
-            return
-        while stale:
-            sums.pop(stale.popleft(), None)
+        """The checksum shipped with `key`'s block, pinned in `slot`: summed once
+        while the block stays in the pool (or taken, verified, from a push);
+        forgotten when it leaves (`kvtiers_p2p.sums`)."""
+        return self._sums.of(key, slot)
 
     def _store(self, sock: zmq.Socket[bytes], ident: bytes, store: Store,
                blocks: list[zmq.Frame]) -> None:
@@ -394,16 +347,14 @@ class PeerServer:
                 else:
                     states[i] = State.CORRUPT
             if good:
-                # Remembered before the sink stores them, so that an eviction from
-                # then on forgets them; dropped again unless they are the pool's now.
-                for i in good:
-                    self._remember_sum(store.keys[i], store.checksums[i])
+                for i in good:  # before the pool takes them: see BlockSums.remember
+                    self._sums.remember(store.keys[i], store.checksums[i])
                 answer = self._sink([store.keys[i] for i in good],
                                     [blocks[i].buffer for i in good])
                 for i, state in zip(good, answer.states, strict=True):
                     states[i] = state
                     if state != State.PRESENT:  # not these bytes (held: the pool's own)
-                        self._sums.pop(store.keys[i], None)
+                        self._sums.forget(store.keys[i])
                 self.counters["blocks_stored"] += answer.states.count(State.PRESENT)
                 evicted, usage = answer.evicted[:MAX_KEYS], answer.usage_bytes
         self._send(sock, ident, StoreDone(store.req, bytes(states), evicted, usage))
