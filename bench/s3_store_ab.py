@@ -40,12 +40,14 @@ for _dist in ("kvtiers-core", "kvtiers-s3"):
     sys.path.insert(0, str(REPO / _dist / "src"))
 
 from bench.s3.clients import Boto3Threads, S3fsAsync, Timed, delete_all  # noqa: E402
+from bench.s3.nixl import nixl_available, nixl_pass  # noqa: E402
 from bench.s3.passes import blocks as make_blocks  # noqa: E402
 from bench.s3.passes import raw_pass  # noqa: E402
 from bench.s3.report import pct  # noqa: E402
 from bench.s3.tier import tier_pass  # noqa: E402
 from tests.s3.servers import start_server  # noqa: E402
 
+NIXL = "nixl-obj-vllm"  # vLLM's obj tier's data path: NIXL's OBJ backend (C++)
 RAW = ("boto3-threads", "boto3-threads-unsigned", "s3fs-async", "objectstore",
        "objectstore-boto3")
 
@@ -67,6 +69,10 @@ def shares(rounds: list[dict[tuple[str, str], float]],
         out[(name, op)] = {"best_raw": best[op], "share_of_best_raw": statistics.median(of_best),
                            "share_of_best_raw_runs": of_best,
                            "share_of_max_raw_per_round": statistics.median(of_max)}
+        if (NIXL, op) in mbs:  # vLLM's obj tier, in the same round
+            of_nixl = [r[(name, op)] / r[(NIXL, op)] for r in rounds]
+            out[(name, op)] |= {"share_of_nixl": statistics.median(of_nixl),
+                                "share_of_nixl_runs": of_nixl}
     return out
 
 
@@ -81,6 +87,11 @@ def main() -> int:
     parser.add_argument("--layouts", nargs="*", default=[], metavar="JSON",
                         help='more tier rows, each with these layout options, such as '
                         '\'{"packing": "segments", "segment_bytes": 8388608}\'')
+    parser.add_argument("--nixl-path", default=os.environ.get("KVTIERS_NIXL_PATH", ""),
+                        help="where nixl_cu12 is, if not importable from this Python "
+                        "(pip install --target DIR --no-deps nixl-cu12)")
+    parser.add_argument("--no-nixl", action="store_true",
+                        help="leave out the row of vLLM's obj tier's data path (NIXL OBJ)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     bb, conc = args.block_bytes, args.concurrency
@@ -104,6 +115,13 @@ def main() -> int:
             tier_pass, server, blocks, concurrency=conc, job_blocks=args.job_blocks,
             packing=packing, client="boto3", per_job=per_job))
             for packing in ("per_block", "auto")]
+        if not args.no_nixl:
+            if not nixl_available(args.nixl_path):
+                raise SystemExit("nixl_cu12 cannot be imported (pip install nixl-cu12, or "
+                                 "--nixl-path DIR, or --no-nixl)")
+            cases.append((NIXL, functools.partial(
+                nixl_pass, server, n, bb, threads=conc, job_blocks=args.job_blocks,
+                nixl_path=args.nixl_path)))
         for text in args.layouts:
             layout = json.loads(text)
             cases.append((f"tier-{'-'.join(f'{k}={v}' for k, v in layout.items())}",
@@ -141,13 +159,14 @@ def main() -> int:
         for (name, op), v in sorted(mbs.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
     print(f"{bb} B blocks, {n} a pass, concurrency {conc}, median of {args.rounds} rounds; "
           "latency per request (the tier's: also per job)")
-    print(f"{'op':<6} {'client':<24} {'MB/s':>7} {'of best raw':>12} {'of max/round':>13} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'job p50':>8} {'job p99':>8}")
+    print(f"{'op':<6} {'client':<30} {'MB/s':>7} {'of best raw':>12} {'of nixl':>8} "
+          f"{'of max/round':>13} {'p50 ms':>8} {'p99 ms':>8} {'job p50':>8} {'job p99':>8}")
     for row in rows:
         jobs = "".join(f" {row[k]:>8.1f}" if k in row else f" {'-':>8}"
                        for k in ("job_p50_ms", "job_p99_ms"))
-        print(f"{row['op']:<6} {row['client']:<24} {row['mb_s']:>7.0f} "
-              f"{row['share_of_best_raw'] * 100:>11.0f}% "
+        nixl = f"{row['share_of_nixl'] * 100:>7.0f}%" if "share_of_nixl" in row else f"{'-':>8}"
+        print(f"{row['op']:<6} {row['client']:<30} {row['mb_s']:>7.0f} "
+              f"{row['share_of_best_raw'] * 100:>11.0f}% {nixl} "
               f"{row['share_of_max_raw_per_round'] * 100:>12.0f}% {row['p50_ms']:>8.1f} "
               f"{row['p99_ms']:>8.1f}{jobs}")
     for op in sorted({op for _, op in mbs}):
