@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
-"""The s3 tier's stores and loads against the raw clients, interleaved, on one
-SeaweedFS (started here): the same blocks, the same concurrency, rounds whose order
-rotates, medians per row, and the tier's share of the best raw client of each
-round (the ratio is taken within the round, then its median: rounds differ on a
-shared machine, a ratio in one round does not).
+"""The s3 tier's stores and loads against the raw clients and vLLM's obj tier's
+data path, interleaved, on one SeaweedFS (started here): the same blocks, the same
+concurrency, rounds whose order rotates, medians per row, and each row's share of
+the best raw client and of NIXL in each round (the ratio is taken within the round,
+then its median: rounds differ on a shared machine, a ratio in one round does not).
 
-    .venv/bin/python bench/s3_store_ab.py --rounds 7 --block-bytes 2097152
+    .venv/bin/python bench/s3_store_ab.py --rounds 21 --copied-body     # 2 MiB
     .venv/bin/python bench/s3_store_ab.py --block-bytes 65536 --pass-bytes 16777216
 
 Rows: raw boto3 with threads (as configured by default, and with the tier's
 unsigned request bodies), raw s3fs async, raw `ObjectStore` (aiobotocore and
-boto3), the tier per-block (boto3) and the tier with its default layout (`auto`).
+boto3); `nixl-obj-vllm`: vLLM's obj tier's data path, NIXL's OBJ backend driven as
+vLLM 0.33 does (bench/nixl_obj_bench.py, its own process; nixl-cu12 importable,
+else --nixl-path or --no-nixl); the tier per-block (boto3) and with its default
+layout (`auto`); with --copied-body the same two with the store path before
+session 6 (each object's parts copied into one buffer, then PUT); --layouts adds
+tier rows of other layout options.
 "of best raw": the share of the raw client with the highest median, per round,
-then the median; "of max/round": of the fastest raw result of each round (biased
-towards the raw side). Tier jobs of --job-blocks are submitted at once; p50/p99
-are per request (each PUT and GET, the tier's own timing), "job" per job (submit
-to result).
+then the median; "of nixl": of NIXL in the same round; "of max/round": of the
+fastest raw result of each round (biased towards the raw side). Tier jobs of
+--job-blocks are submitted at once; p50/p99 are per request (each PUT and GET, the
+tier's own timing; NIXL's: per job), "job" per job (submit to result); "cpu c/s":
+CPU ms per MB moved in the timed section, of this process (the client, all its
+threads) and of the server process.
 Results: bench/results/s3_store_ab_<block>.json.
 """
 

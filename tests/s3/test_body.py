@@ -63,6 +63,9 @@ def test_a_read_hands_out_the_part_itself_not_a_copy() -> None:
     assert view[0] == slot[0]  # the slot's own memory
     with pytest.raises(ValueError):
         body.seek(-1)
+    body.close()  # the slots let go of
+    body.seek(0)
+    assert body.read(10) == b"" and body.read() == b""
 
 
 def _store(server: S3Server, **config: Any) -> tuple[ObjectStore, asyncio.AbstractEventLoop]:

@@ -15,7 +15,7 @@ is left of it) however little was asked for, because 128 sends of 16 KiB per 2 M
 slot cost more than the copy they save (measured). Every consumer in botocore and
 urllib3 takes a read of any length. A part is handed out as a memoryview: the
 caller keeps the parts unchanged until the request is over (the slots are the
-job's until it is reported).
+job's until it is reported), then `close`s the body.
 
 Any thread; one request at a time.
 """
@@ -47,6 +47,11 @@ class PartsBody:
 
     def __len__(self) -> int:
         return self._size
+
+    def close(self) -> None:
+        """Let go of the parts: the slots are the job's again (a failed request's
+        traceback may keep this body, never the slots). Reads give b"" after."""
+        self._parts, self._starts, self._part = [], [], 0
 
     def readable(self) -> bool:
         return True

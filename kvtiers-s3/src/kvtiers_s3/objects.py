@@ -230,10 +230,13 @@ class ObjectStore:
             parts = make()
             if parts is None:
                 return False
+            body = PartsBody(parts)
             try:
-                client.put_object(Bucket=bucket, Key=key, Body=PartsBody(parts))
+                client.put_object(Bucket=bucket, Key=key, Body=body)
             except ClientError as exc:
                 raise translate_boto_error(exc) from exc
+            finally:
+                body.close()
             return True
 
         fut = asyncio.get_running_loop().run_in_executor(self._boto3.pool, run)
