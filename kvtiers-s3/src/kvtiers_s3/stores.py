@@ -5,11 +5,13 @@ A work item is one PUT: a block object, or a segment of several blocks of the jo
 The start hook plans the requests - which keys are held already (pinned, nothing
 to copy), how the rest maps onto objects - reserves room for them (evicting by
 policy; evicted objects are deleted in the background) and returns one index per
-request, its *leader* (the first of its keys). The leader's item copies the slot
-bytes' checksums and PUTs the object - with the boto3 client both on the
-request's own thread, the body sent from the slots themselves, never copied into
-one buffer (`ObjectStore.put_made`, `body.PartsBody`); else the parts joined on a
-copier thread - bounded by `timeout_s` and the job's deadline. The end hook makes
+request, its *leader* (the first of its keys). The leader's item takes its slots'
+checksums and PUTs the object - with the boto3 client both on the request's own
+thread, the body sent from the slots themselves, never copied into one buffer
+(`ObjectStore.put_made`, `body.PartsBody`: the slots are the job's, unchanged,
+until it is reported; bytes changed behind its back would be a corrupt record,
+found at load); else the parts joined on a copier thread - bounded by `timeout_s`
+and the job's deadline. The end hook makes
 the stored objects visible and settles the other keys the way their request went.
 """
 
