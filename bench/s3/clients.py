@@ -18,9 +18,30 @@ from kvtiers_s3.settings import settings_from_s3
 
 from tests.s3.servers import BOTOCORE_CONFIG, S3Server
 
-__all__ = ["Boto3Threads", "S3fsAsync", "Timed", "delete_all"]
+__all__ = ["Boto3Threads", "CpuClock", "S3fsAsync", "Timed", "delete_all"]
 
 Timed = tuple[float, list[float]]  # seconds for the pass, per-request seconds
+
+
+class CpuClock:
+    """CPU seconds spent in timed sections, per operation: this process's (the
+    client: every thread) and the server process's. On a machine of few cores the
+    two share the CPU, so a client that costs less leaves the server more."""
+
+    def __init__(self, server: S3Server):
+        import psutil
+
+        assert server.proc is not None
+        self._server = psutil.Process(server.proc.pid)
+        self.spent: dict[str, tuple[float, float]] = {}  # op -> (client, server) seconds
+
+    def now(self) -> tuple[float, float]:
+        times = self._server.cpu_times()
+        return time.process_time(), times.user + times.system
+
+    def add(self, op: str, since: tuple[float, float]) -> None:
+        client, server = self.now()
+        self.spent[op] = (client - since[0], server - since[1])
 
 
 class Boto3Threads:

@@ -23,7 +23,8 @@ def nixl_pass(server: S3Server, n: int, bb: int, prefix: str, *, threads: int,
     cfg = {"endpoint": server.endpoint_url.removeprefix("http://"), "bucket": server.bucket,
            "key": server.admin.key, "secret": server.admin.secret, "prefix": prefix,
            "block_bytes": bb, "blocks": n, "job_blocks": job_blocks, "threads": threads}
-    env = {**os.environ, "PYTHONPATH": nixl_path, "NIXL_LOG_LEVEL": "WARN"}
+    env = {**os.environ, **({"PYTHONPATH": nixl_path} if nixl_path else {}),
+           "NIXL_LOG_LEVEL": "WARN"}
     done = subprocess.run([sys.executable, str(REPO / "bench" / "nixl_obj_bench.py"),
                            json.dumps(cfg)], capture_output=True, text=True, env=env,
                           timeout=600)
@@ -35,9 +36,10 @@ def nixl_pass(server: S3Server, n: int, bb: int, prefix: str, *, threads: int,
 
 
 def nixl_available(nixl_path: str | None) -> bool:
-    if not nixl_path:
+    """nixl_cu12 imports from `nixl_path`, or (empty) from this Python's own path."""
+    if nixl_path is None:
         return False
-    env = {**os.environ, "PYTHONPATH": nixl_path}
+    env = {**os.environ, **({"PYTHONPATH": nixl_path} if nixl_path else {})}
     done = subprocess.run([sys.executable, "-c", "import nixl_cu12, numpy"], env=env,
                           capture_output=True, timeout=120)
     return done.returncode == 0

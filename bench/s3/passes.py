@@ -13,7 +13,7 @@ from typing import Any
 from kvtiers_s3 import codec, segment
 from kvtiers_s3.ranges import coalesce
 
-from bench.s3.clients import S3fsAsync, Timed
+from bench.s3.clients import CpuClock, S3fsAsync, Timed
 
 __all__ = ["FP", "blocks", "per_block_pass", "raw_pass", "segment_pass"]
 
@@ -25,11 +25,18 @@ def blocks(n: int, size: int) -> list[tuple[bytes, bytes]]:
 
 
 def raw_pass(client: Any, make: Callable[[], list[tuple[bytes, bytes]]],
-             prefix: str) -> dict[str, Timed]:
+             prefix: str, cpu: CpuClock | None = None) -> dict[str, Timed]:
+    """`cpu`: the CPU seconds of each timed section are added to it."""
     blocks = make()
     objects = {f"{prefix}/{k.hex()}": v for k, v in blocks}
+    since = cpu.now() if cpu else None
     put = client.put(objects)
+    if cpu and since:
+        cpu.add("store", since)
+        since = cpu.now()
     got, get = client.get(list(objects))
+    if cpu and since:
+        cpu.add("load", since)
     assert got == list(objects.values()), f"{client.name}: other bytes came back"
     return {"store": put, "load": get}
 

@@ -17,12 +17,14 @@ from kvtiers.namespace import BlockGeometry, Namespace
 from kvtiers.pool_view import PoolView
 from kvtiers.tier import TierContext
 from kvtiers_s3 import codec, segment
+from kvtiers_s3.body import joined
 from kvtiers_s3.connect import open_filesystem
 from kvtiers_s3.names import block_name, namespace_root, segment_name
 from kvtiers_s3.objects import ObjectStore
 from kvtiers_s3.settings import settings_from_s3
 from kvtiers_s3.tier import S3Tier
 
+from bench.s3.clients import CpuClock
 from tests.s3.servers import S3Server, make_server
 
 Timed = tuple[float, list[float]]
@@ -67,11 +69,15 @@ def _run_jobs(tier: S3Tier, keys: list[bytes], first_slot: int, job_blocks: int,
 def tier_pass(server: S3Server, make: Callable[[], list[tuple[bytes, bytes]]], prefix: str,
               *, concurrency: int, job_blocks: int, packing: str, client: str,
               layout: dict[str, Any] | None = None,
-              per_job: dict[str, list[float]] | None = None) -> dict[str, Timed]:
+              per_job: dict[str, list[float]] | None = None,
+              copied_body: bool = False, cpu: CpuClock | None = None) -> dict[str, Timed]:
     """The tier storing the blocks from a pool and loading them back into it: per
     operation the pass's seconds and each request's (every PUT and GET the tier
     made, `S3Tier.latency`); each job's latency (submit to result) is added to
-    `per_job` ("store", "load") when given."""
+    `per_job` ("store", "load") when given. `copied_body`: the store path before
+    session 6, for a same-run A/B - each object's parts copied into one buffer on
+    the request's thread and that PUT, instead of sent from the slots. `cpu`: the
+    CPU seconds of each timed section are added to it."""
     blocks = make()
     n, bb = len(blocks), len(blocks[0][1])
     pool = PoolView.anonymous(2 * n, bb)
@@ -83,10 +89,18 @@ def tier_pass(server: S3Server, make: Callable[[], list[tuple[bytes, bytes]]], p
     ctx = TierContext(pool, _namespace(bb), clock=time.monotonic, name="bench")
     tier = S3Tier(ctx, _options(server, prefix, concurrency=concurrency, client=client,
                                 layout={"packing": packing, **(layout or {})}))
+    if copied_body:
+        _copy_bodies(tier)
     try:
         keys = [k for k, _ in blocks]
+        since = cpu.now() if cpu else None
         store_s, store_jobs = _run_jobs(tier, keys, 0, job_blocks, load=False)
+        if cpu and since:
+            cpu.add("store", since)
+            since = cpu.now()
         load_s, load_jobs = _run_jobs(tier, keys, n, job_blocks, load=True)
+        if cpu and since:
+            cpu.add("load", since)
         for i, (_, payload) in enumerate(blocks):  # untimed: every byte checked
             assert bytes(pool.block(n + i)) == payload, "the tier loaded other bytes"
         requests = {op: tier.latency.values(op) for op in ("store", "load")}
@@ -96,6 +110,22 @@ def tier_pass(server: S3Server, make: Callable[[], list[tuple[bytes, bytes]]], p
         per_job.setdefault("store", []).extend(store_jobs)
         per_job.setdefault("load", []).extend(load_jobs)
     return {"store": (store_s, requests["store"]), "load": (load_s, requests["load"])}
+
+
+def _copy_bodies(tier: S3Tier) -> None:
+    """Make the tier's PUTs copy each object's parts into one buffer first (the
+    store path before `body.PartsBody`): bench-only, on this tier's own store."""
+    store = tier._store  # noqa: SLF001 - a bench's A/B of the tier's internals
+    send = store.put_made
+
+    async def put_made(name: str, make: Callable[[], Any]) -> bool:
+        def copied() -> Any:
+            parts = make()
+            return None if parts is None else [joined(parts)]
+
+        return await send(name, copied)
+
+    store.put_made = put_made  # type: ignore[method-assign]
 
 
 # -- start-up over a full bucket ------------------------------------------------------------

@@ -43,6 +43,7 @@ __all__ = [
     "encode_header",
     "encode_record",
     "fingerprint_bytes",
+    "record_parts",
     "header_bytes",
 ]
 
@@ -124,6 +125,15 @@ def encode_record(fingerprint: str, key: bytes, payload: bytes | bytearray | mem
     buf += encode_header(fingerprint, key, view.nbytes, checksum(view))
     buf += view
     return buf
+
+
+def record_parts(fingerprint: str, key: bytes,
+                 payload: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
+    """The record as its two parts, header and payload, the payload not copied (a
+    view of `payload`): for a request body sent straight from the slot
+    (`body.PartsBody`). The checksum is computed from `payload` as it is now."""
+    view = memoryview(payload).cast("B")
+    return [encode_header(fingerprint, key, view.nbytes, checksum(view)), view]
 
 
 def decode_header(

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from kvtiers.jobs import FailureReason
 
+from kvtiers_s3.body import Buffer, PartsBody
 from kvtiers_s3.settings import S3Settings
 
 __all__ = ["ObjectInfo", "ObjectStore", "classify", "describe"]
@@ -210,13 +211,13 @@ class ObjectStore:
             await asyncio.wait([fut])
             raise
 
-    async def put_made(self, name: str,
-                       make: Callable[[], bytes | bytearray | None]) -> bool:
-        """PUT the body `make()` returns, both on one request thread (S3 through
-        boto3): the bytes are made right where they are sent, with no hand-off
-        between a copier thread and the request's. Nothing is put when `make`
-        returns None (False). Cancelled, the thread still runs to its end before
-        the cancellation goes on: what `make` reads is never read later."""
+    async def put_made(self, name: str, make: Callable[[], Sequence[Buffer] | None]) -> bool:
+        """PUT the body made of the parts `make()` returns, both on one request
+        thread (S3 through boto3): the parts are sent where they lie (a
+        `PartsBody`: the slots themselves, no copy into one buffer), with no
+        hand-off between threads. Nothing is put when `make` returns None
+        (False). Cancelled, the thread still runs to its end before the
+        cancellation goes on: what `make` and the body read is never read later."""
         from botocore.exceptions import ClientError
         from s3fs.errors import translate_boto_error
 
@@ -226,13 +227,16 @@ class ObjectStore:
         client = self._boto3.client
 
         def run() -> bool:
-            body = make()
-            if body is None:
+            parts = make()
+            if parts is None:
                 return False
+            body = PartsBody(parts)
             try:
                 client.put_object(Bucket=bucket, Key=key, Body=body)
             except ClientError as exc:
                 raise translate_boto_error(exc) from exc
+            finally:
+                body.close()
             return True
 
         fut = asyncio.get_running_loop().run_in_executor(self._boto3.pool, run)

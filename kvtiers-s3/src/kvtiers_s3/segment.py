@@ -54,6 +54,7 @@ __all__ = [
     "decode_index",
     "decode_member",
     "encode_segment",
+    "segment_parts",
     "plan_segments",
     "segment_bytes",
 ]
@@ -123,12 +124,14 @@ def plan_segments(n: int, payload_bytes: int, key_bytes: int, limit: int) -> lis
     return out
 
 
-def encode_segment(
+def segment_parts(
     fingerprint: str,
     blocks: Sequence[tuple[bytes, bytes | bytearray | memoryview]],
-) -> tuple[bytearray, SegmentIndex]:
-    """One segment holding `blocks` ((key, payload) pairs, distinct keys), and its
-    index. Copies each payload once; checksums are taken from the payloads."""
+) -> tuple[list[bytes | memoryview], SegmentIndex]:
+    """One segment holding `blocks` ((key, payload) pairs, distinct keys) as its
+    parts - the index, then each record's header and payload - and its index. The
+    payloads are not copied (views of them): a request body sent straight from
+    the slots (`body.PartsBody`). Checksums are taken from the payloads."""
     if not 0 < len(blocks) <= MAX_RECORDS:
         raise ValueError(f"a segment holds 1..{MAX_RECORDS} blocks, not {len(blocks)}")
     keys = [bytes(k) for k, _ in blocks]
@@ -146,18 +149,36 @@ def encode_segment(
         length = header_bytes(len(key)) + view.nbytes
         entries.append(SegmentEntry(key, offset, length, s))
         offset += length
-    total = offset
-    out = bytearray(_FIXED.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0, len(entries), fp, start, total))
+    head = bytearray(_FIXED.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0, len(entries), fp, start,
+                                 offset))
     for e in entries:
-        out += _KLEN.pack(len(e.key))
-        out += e.key
-        out += _ENTRY.pack(e.offset, e.length, e.checksum)
-    out += _TAIL.pack(xxhash.xxh3_64_intdigest(out))
+        head += _KLEN.pack(len(e.key))
+        head += e.key
+        head += _ENTRY.pack(e.offset, e.length, e.checksum)
+    head += _TAIL.pack(xxhash.xxh3_64_intdigest(head))
+    assert len(head) == start
+    parts: list[bytes | memoryview] = [bytes(head)]
     for e, view in zip(entries, views, strict=True):
-        out += encode_header(fingerprint, e.key, view.nbytes, e.checksum)
-        out += view
-    assert len(out) == total
-    return out, SegmentIndex(fingerprint, tuple(entries), start, total)
+        parts += [encode_header(fingerprint, e.key, view.nbytes, e.checksum), view]
+    return parts, SegmentIndex(fingerprint, tuple(entries), start, offset)
+
+
+def encode_segment(
+    fingerprint: str,
+    blocks: Sequence[tuple[bytes, bytes | bytearray | memoryview]],
+) -> tuple[bytearray, SegmentIndex]:
+    """One segment holding `blocks` as one buffer, and its index (`segment_parts`,
+    each payload copied once)."""
+    parts, index = segment_parts(fingerprint, blocks)
+    # One buffer of the final size, filled in place: appending 14 MiB to a growing
+    # bytearray reallocates (copies) it several times.
+    out = bytearray(index.object_bytes)
+    dst, pos = memoryview(out), 0
+    for part in parts:
+        dst[pos:pos + len(part)] = part
+        pos += len(part)
+    assert pos == index.object_bytes
+    return out, index
 
 
 def decode_index(buf: bytes | bytearray | memoryview, fingerprint: str | None = None,

@@ -5,12 +5,14 @@ A work item is one PUT: a block object, or a segment of several blocks of the jo
 The start hook plans the requests - which keys are held already (pinned, nothing
 to copy), how the rest maps onto objects - reserves room for them (evicting by
 policy; evicted objects are deleted in the background) and returns one index per
-request, its *leader* (the first of its keys). The leader's item copies the slot
-bytes into the object, with their checksum taken from the same bytes (`codec` /
-`segment`), and PUTs it - both on the request's own thread with the boto3 client
-(`ObjectStore.put_made`), else the copy on a copier thread - bounded by `timeout_s`
-and the job's deadline. The end hook makes the stored objects visible and settles the other keys
-the way their request went.
+request, its *leader* (the first of its keys). The leader's item takes its slots'
+checksums and PUTs the object - with the boto3 client both on the request's own
+thread, the body sent from the slots themselves, never copied into one buffer
+(`ObjectStore.put_made`, `body.PartsBody`: the slots are the job's, unchanged,
+until it is reported; bytes changed behind its back would be a corrupt record,
+found at load); else the parts joined on a copier thread - bounded by `timeout_s`
+and the job's deadline. The end hook makes
+the stored objects visible and settles the other keys the way their request went.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import itertools
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvtiers.jobs import FailureReason
@@ -26,6 +29,7 @@ from kvtiers.keys import BlockKey
 from kvtiers.sdk import AsyncJobHooks, Job, Outcome, Pins, Reservation, Verdict
 
 from kvtiers_s3 import codec, segment
+from kvtiers_s3.body import Buffer, joined
 from kvtiers_s3.holdings import Member, StoredObject, segment_oid
 from kvtiers_s3.iocontext import IoContext, engine_failure
 from kvtiers_s3.latency import STORE
@@ -125,17 +129,17 @@ class Stores:
         put = plan.puts[leader]
         made: list[dict[BlockKey, Member]] = []
 
-        def make() -> bytearray | None:
-            data, members = self._encode(job, put, plan.key_failed)
+        def make() -> Sequence[Buffer] | None:
+            parts, members = self._encode(job, put, plan.key_failed)
             made.append(members)
-            return data if members else None
+            return parts if members else None
 
         began = time.perf_counter()
         try:
-            if io.store.streams:  # encoded on the request's own thread: one hand-off
+            if io.store.streams:  # sent from the slots on the request's own thread
                 await asyncio.wait_for(io.store.put_made(put.name, make), io.timeout(job))
             else:
-                data = await io.off_loop(make)
+                data = await io.off_loop(lambda: None if (p := make()) is None else joined(p))
                 if data is not None:
                     await asyncio.wait_for(io.store.put(put.name, data), io.timeout(job))
         except Exception as exc:  # noqa: BLE001 - every failure is a reason, never raised
@@ -153,10 +157,12 @@ class Stores:
                                            packed=put.packed)
         return plan.key_failed.get(leader)
 
-    def _encode(self, job: Job, put: Put,
-                failed: dict[int, FailureReason]) -> tuple[bytearray, dict[BlockKey, Member]]:
-        """The object's bytes from the slots (a copier thread: the pool may be slow).
-        A slot that cannot be read fails its key alone (in `failed`)."""
+    def _encode(self, job: Job, put: Put, failed: dict[int, FailureReason]
+                ) -> tuple[Sequence[Buffer], dict[BlockKey, Member]]:
+        """The object as parts - headers and the slots themselves, not copied
+        (`body.PartsBody`) - with each block's checksum taken from its slot (the
+        request's thread or a copier thread: the pool may be slow). A slot that
+        cannot be read fails its key alone (in `failed`)."""
         io = self.io
         pool, keys, slots = io.ctx.pool, job.keys, job.slots
         blocks = []
@@ -167,13 +173,13 @@ class Stores:
                 io.errors.record("store.slot", exc)
                 failed[i] = FailureReason.IO
         if not blocks:
-            return bytearray(), {}
+            return [], {}
         if put.packed:
-            data, index = segment.encode_segment(io.fingerprint, blocks)
-            return data, {e.key: Member(e.offset, e.length, e.checksum) for e in index.entries}
+            parts, index = segment.segment_parts(io.fingerprint, blocks)
+            return parts, {e.key: Member(e.offset, e.length, e.checksum) for e in index.entries}
         key, block = blocks[0]
-        data = codec.encode_record(io.fingerprint, key, block)
-        return data, {key: Member(0, len(data))}
+        parts = codec.record_parts(io.fingerprint, key, block)
+        return parts, {key: Member(0, sum(len(p) for p in parts))}
 
     def _end(self, job: Job) -> None:
         io = self.io
