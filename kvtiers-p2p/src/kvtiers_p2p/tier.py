@@ -11,7 +11,8 @@ Pulling (the tier's lookups and loads):
 - `submit_store` copies nothing by default: a block stored in this engine's pool is
   what peers pull, for as long as the pool holds it; it succeeds at once. With
   `push`, it sends the blocks (with checksums) to the first ready peer that takes
-  stores - a `kvtiers serve` cache node - which verifies and keeps them.
+  stores - a `kvtiers serve` cache node - which verifies and keeps them
+  (`kvtiers_p2p.pushes`).
 
 Serving (`serve_external_requests(parent)`, with a `port`): a `PeerServer` answers
 peers from the manager through `ParentManager` (pin, ship, unpin), bounded by the
@@ -49,7 +50,6 @@ from typing import Any
 import zmq
 import zmq.asyncio
 from kvtiers.errors import ConfigError, ConfigProblem
-from kvtiers.integrity import checksum
 from kvtiers.jobs import FailureReason, JobResult, TransferJob
 from kvtiers.keys import BlockKey
 from kvtiers.lookup import LookupResult
@@ -61,11 +61,12 @@ from kvtiers.sdk.job import Job, Outcome
 from kvtiers.stats import StatsRecorder, TierStats
 from kvtiers.tier import SecondaryTier, TierContext
 
-from kvtiers_p2p.client import LinkOptions, PeerLink, off_loop
+from kvtiers_p2p.client import LinkOptions, PeerLink
 from kvtiers_p2p.handshake import Identity, seed_fingerprint
 from kvtiers_p2p.nixl_plane import NixlMissing, NixlPlane
 from kvtiers_p2p.prefills import Prefills
 from kvtiers_p2p.protocol import MAX_KEYS, DataPlane, State
+from kvtiers_p2p.pushes import Pushes
 from kvtiers_p2p.schema import P2P_SCHEMA
 from kvtiers_p2p.security import CurveKeys
 from kvtiers_p2p.server import PeerServer, ServeLimits, StoreSink
@@ -123,8 +124,6 @@ class P2PTier(SecondaryTier):
         # Pushing into a cache node, this tier is one of its writers: the node's pool
         # is storage several engines share (the conformance suite's sibling).
         self.shared = self._push
-        self._usage_bytes = 0  # the node's pool, as its last StoreDone said (loop)
-        self._held: dict[int, list[int]] = {}  # store job id -> keys held already (loop)
         self._role: str | None = options["role"]
         self._miss_ttl_s: float = options["miss_ttl_s"]
         self._failed: dict[BlockKey, float] = {}  # remote_prefiller: key -> miss until
@@ -142,18 +141,22 @@ class P2PTier(SecondaryTier):
         # here, off the loop: the loop keeps receiving while a thread copies.
         self._copier = ThreadPoolExecutor(max_workers=options["num_threads"],
                                           thread_name_prefix=f"kvtiers-{ctx.name or 'p2p'}-copy")
-        self._engine = AsyncJobEngine(
-            ctx,
-            load=AsyncJobHooks(block=self._load_one, batch=self._load_batch),
-            store=AsyncJobHooks(block=self._store_one, batch=self._store_batch,
-                                start=self._store_start, end=self._store_end),
-            load_concurrency=options["num_threads"], store_concurrency=1,
-            stats=self._stats, batch_bytes=MAX_KEYS * ctx.block_bytes,
-            on_close=self._close_links, name=f"kvtiers-{ctx.name or 'p2p'}")
         self._probe = AsyncProbe(self._probe_peers, clock=ctx.clock,
                                  hit_ttl_s=options["hit_ttl_s"],
                                  miss_ttl_s=options["miss_ttl_s"],
                                  name=f"kvtiers-{ctx.name or 'p2p'}-probe")
+        self._pushes = Pushes(push=self._push, pool=ctx.pool, links=self._links,
+                              copier=self._copier, probe=self._probe, stats=self._stats,
+                              remember=self._remember,
+                              forget=lambda key: self._where.pop(key, None),
+                              timeout=self._timeout)
+        self._engine = AsyncJobEngine(
+            ctx,
+            load=AsyncJobHooks(block=self._load_one, batch=self._load_batch),
+            store=self._pushes.hooks,
+            load_concurrency=options["num_threads"], store_concurrency=1,
+            stats=self._stats, batch_bytes=MAX_KEYS * ctx.block_bytes,
+            on_close=self._close_links, name=f"kvtiers-{ctx.name or 'p2p'}")
         for endpoint in options["peers"]:
             self.add_peer(endpoint)
 
@@ -255,7 +258,7 @@ class P2PTier(SecondaryTier):
             return self._stats.snapshot(usage_bytes=0)
         capacity = max((x.capacity_bytes for x in self._links.values()
                         if x.accepts_stores), default=0)
-        return dataclasses.replace(self._stats.snapshot(usage_bytes=self._usage_bytes),
+        return dataclasses.replace(self._stats.snapshot(usage_bytes=self._pushes.usage_bytes),
                                    capacity_bytes=capacity)
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
@@ -433,60 +436,9 @@ class P2PTier(SecondaryTier):
     async def _load_one(self, job: Job, i: int) -> Outcome:
         return (await self._load_batch(job, [i]))[0]
 
-    def _store_start(self, job: Job) -> list[int]:
-        """Without `push`, a store is served from the pool: nothing to copy (0
-        bytes moved). With it, every key is pushed (`_store_batch`)."""
-        if self._push:
-            return list(range(len(job.keys)))
-        for i in range(len(job.keys)):
-            job.succeed(i, 0)
-        return []
-
-    async def _store_batch(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
-        """Push to the first ready peer that takes stores; REJECTED when none does
-        (a healthy refusal: the breaker does not count it). A key the node held
-        already succeeds with 0 bytes moved (`_store_end`)."""
-        link = next((x for x in self._links.values() if x.ready and x.accepts_stores), None)
-        if link is None:
-            return [FailureReason.REJECTED] * len(indices)
-        keys = [job.keys[i] for i in indices]
-        blocks, sums = await off_loop(self._copier, self._read_slots,
-                                      [job.slots[i] for i in indices])
-        outcomes, done = await link.push(keys, blocks, sums, self._timeout(job))
-        if done is not None:
-            self._usage_bytes = done.usage_bytes
-            for key in done.evicted:
-                self._where.pop(key, None)
-                self._probe.record(key, False)
-            if done.evicted:
-                self._stats.evicted(len(done.evicted))
-            held = self._held.setdefault(job.job_id, [])
-            for i, key, outcome, state in zip(indices, keys, outcomes, done.states,
-                                              strict=True):
-                if outcome is None:
-                    self._remember(key, link)
-                    self._probe.record(key, True)
-                    if state == State.HELD:
-                        held.append(i)
-        return outcomes
-
-    def _read_slots(self, slots: list[int]) -> tuple[list[bytes], list[int]]:
-        """A copy of each slot's block and its checksum (a copier thread)."""
-        block = self.ctx.pool.block
-        copies = [bytes(block(slot)) for slot in slots]
-        return copies, [checksum(c) for c in copies]
-
-    def _store_end(self, job: Job) -> None:
-        for i in self._held.pop(job.job_id, ()):
-            if job.succeeded(i):
-                job.succeed(i, 0)
-
     def _touch(self, keys: list[BlockKey]) -> None:
         for link in self._links.values():
             link.touch(keys)
-
-    async def _store_one(self, job: Job, i: int) -> Outcome:
-        return (await self._store_batch(job, [i]))[0]
 
     def _timeout(self, job: Job) -> float:
         timeout = self._fetch_timeout_s
