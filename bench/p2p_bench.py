@@ -90,8 +90,8 @@ def serve(spec: dict[str, Any]) -> None:
     thread = threading.Thread(target=raw_server, daemon=True)
     thread.start()
     assert tier.server is not None
-    print(json.dumps({"p2p": tier.server.endpoint, "raw": f"tcp://{host}:{raw_port}"}),
-          flush=True)
+    print(json.dumps({"p2p": tier.server.endpoint, "raw": f"tcp://{host}:{raw_port}",
+                      "slots": list(out.slots)}), flush=True)
     sys.stdin.read()
     stop.set()
     thread.join()
@@ -136,14 +136,23 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
         zctx = zmq.Context()
         raw = zctx.socket(zmq.DEALER)
         raw.connect(ends["raw"])
-        raw_s, p2p_s = [], []
+        raw_s, p2p_s, contig_s = [], [], []
         link = next(iter(tier.links.values()))
+        # The server's slot of each key: the tier's load moves key i from there
+        # into slot i, and so does the raw READ (the same bytes, the same places).
+        pairs = list(zip(ends["slots"], range(n), strict=True))
         for run in range(runs + 1):  # the first of each is a warm-up
-            t0 = time.perf_counter()
-            if plane == "nixl":  # one READ of every block into the same slots
+            if plane == "nixl":  # also the old baseline: slot s into slot s (merged)
                 assert tier.nixl is not None and link.nixl_peer is not None
                 agent, desc = link.nixl_peer
+                tc = time.perf_counter()
                 state = tier.nixl.read(agent, desc, [(s, s) for s in range(n)], 60.0)
+                assert state == "DONE", state
+                if run:
+                    contig_s.append(time.perf_counter() - tc)
+            t0 = time.perf_counter()
+            if plane == "nixl":  # one READ of every block, key i into slot i
+                state = tier.nixl.read(agent, desc, pairs, 60.0)
                 assert state == "DONE", state
             else:
                 raw.send(b"go")
@@ -184,6 +193,9 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
         "raw_MBps": moved / statistics.median(raw_s) / 1e6,
         "p2p_MBps": moved / statistics.median(p2p_s) / 1e6,
         "raw_MBps_runs": [moved / t / 1e6 for t in raw_s],
+        **({"raw_contiguous_MBps": moved / statistics.median(contig_s) / 1e6,
+            "raw_contiguous_MBps_runs": [moved / t / 1e6 for t in contig_s]}
+           if contig_s else {}),
         "p2p_MBps_runs": [moved / t / 1e6 for t in p2p_s],
         "lookup_rtt_us_p50": rtts[len(rtts) // 2] * 1e6,
         "lookup_rtt_us_p99": rtts[int(len(rtts) * 0.99)] * 1e6,
@@ -206,6 +218,12 @@ def main() -> None:
                         help="the puller's num_threads (copier threads; the tier's default 4)")
     parser.add_argument("--netns", action="store_true",
                         help="also measure across two network namespaces (needs root)")
+    parser.add_argument("--planes", default="zmq,nixl",
+                        help="data planes to measure, comma-separated (nixl: when it imports)")
+    parser.add_argument("--sizes", default="32,2048",
+                        help="block sizes in KiB, comma-separated (32: 2048 blocks, 2048: 64)")
+    parser.add_argument("--no-loopback", action="store_true",
+                        help="with --netns: only across the namespaces")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.serve:
@@ -216,10 +234,13 @@ def main() -> None:
         print(json.dumps(measure(spec, spec.pop("prefix"))), flush=True)
         return
     scale = 4 if args.quick else 1
-    cases = [(32 << 10, 2048 // scale), (2 << 20, 64 // scale)]
-    planes = ["zmq"] + (["nixl"] if _nixl_imports() else [])
+    counts = {32: 2048, 2048: 64}
+    cases = [(kib << 10, counts.get(kib, max(1, (64 << 20) // (kib << 10))) // scale)
+             for kib in map(int, args.sizes.split(","))]
+    wanted = args.planes.split(",")
+    planes = [p for p in ("zmq", "nixl") if p in wanted and (p == "zmq" or _nixl_imports())]
     rows: list[dict[str, Any]] = []
-    for plane in planes:
+    for plane in planes if not args.no_loopback else []:
         for bb, n in cases:
             spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": "127.0.0.1",
                     "lookups": 500 if args.quick else 2000, "plane": plane,
