@@ -152,6 +152,7 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
                     contig_s.append(time.perf_counter() - tc)
             t0 = time.perf_counter()
             if plane == "nixl":  # one READ of every block, key i into slot i
+                assert tier.nixl is not None
                 state = tier.nixl.read(agent, desc, pairs, 60.0)
                 assert state == "DONE", state
             else:
