@@ -207,9 +207,17 @@ class PeerLink:
         # The first fetch is small: its blocks start moving (and the server's
         # pinning of the next ones overlaps them) after a short round trip.
         bounds = [0, *range(max(1, chunk // 8), n, chunk), n]
+        # Every part ends before this returns (or raises the first part's error):
+        # nothing of this load may touch its slots after it.
         parts = await asyncio.gather(*(part(a, b - a)
-                                       for a, b in itertools.pairwise(bounds)))
-        return [outcome for outcomes in parts for outcome in outcomes]
+                                       for a, b in itertools.pairwise(bounds)),
+                                     return_exceptions=True)
+        out: list[Outcome] = []
+        for outcomes in parts:
+            if isinstance(outcomes, BaseException):
+                raise outcomes
+            out.extend(outcomes)
+        return out
 
     @contextlib.asynccontextmanager
     async def _budget(self, blocks: int) -> AsyncIterator[None]:

@@ -9,8 +9,9 @@ back, each verified while the next one moves, and no READ waits for a thread to
 wake up (the plane's agent moves one transfer at a time anyway).
 
 A fetch's outcomes are settled only after its blocks were verified (or the READ
-failed): `read` returns then, or, cancelled, returns only once no thread touches
-its slots (a READ not begun yet is taken out of the queue instead).
+failed): `read` returns then (or raises what the pool raised for a slot), or,
+cancelled, returns only once no thread touches its slots (a READ not begun yet
+is taken out of the queue instead).
 
 Threads: `read` on the link's event loop; the pump and the verifications on the
 copier executor (never the loop, never the scheduler thread). The queue is
@@ -53,6 +54,7 @@ class _Read:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[list[Outcome]]
     taken: bool = field(default=False)
+    error: BaseException | None = field(default=None)
 
 
 class NixlReads:
@@ -147,17 +149,23 @@ class NixlReads:
             self._verify(r)
 
     def _verify(self, r: _Read) -> None:
+        """Check each landed block in its slot; settles `r` whatever happens (a
+        slot the pool cannot give raises out of `read`, as a copy into it would)."""
         block = self._pool.block
         out = r.out
         bad = 0
-        for (_, slot), i, want in zip(r.pairs, r.keys, r.sums, strict=True):
-            if checksum(block(slot)) != want:
-                out[i] = FailureReason.CORRUPT
-                bad += 1
-        if bad:
-            self._log.warning("peer %s: %d block(s) failed verification; misses",
-                              self._endpoint, bad)
-        self._resolve(r)
+        try:
+            for (_, slot), i, want in zip(r.pairs, r.keys, r.sums, strict=True):
+                if checksum(block(slot)) != want:
+                    out[i] = FailureReason.CORRUPT
+                    bad += 1
+            if bad:
+                self._log.warning("peer %s: %d block(s) failed verification; misses",
+                                  self._endpoint, bad)
+        except Exception as exc:  # noqa: BLE001 - the pool's: the caller's to handle
+            r.error = exc
+        finally:
+            self._resolve(r)
 
     def _settle(self, r: _Read, reason: FailureReason) -> None:
         for i in r.keys:
@@ -167,7 +175,11 @@ class NixlReads:
     @staticmethod
     def _resolve(r: _Read) -> None:
         def done() -> None:
-            if not r.future.done():
+            if r.future.done():
+                return
+            if r.error is not None:
+                r.future.set_exception(r.error)
+            else:
                 r.future.set_result(r.out)
 
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
