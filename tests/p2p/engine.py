@@ -39,9 +39,10 @@ def keys_for(seed: str, n: int) -> list[BlockKey]:
     return [make_key(hashlib.sha256(f"{seed}/{i}".encode()).digest()) for i in range(n)]
 
 
-def block_data(key: BlockKey, nbytes: int) -> bytes:
-    """Random bytes, the same for a key in every process (never zeros)."""
-    return random.Random(key).randbytes(nbytes)
+def block_data(key: BlockKey, nbytes: int, salt: str = "") -> bytes:
+    """Random bytes, the same for a key (and `salt`) in every process (never zeros);
+    another `salt` gives other bytes under the same key."""
+    return random.Random(key + salt.encode()).randbytes(nbytes)
 
 
 class Engine:
@@ -63,13 +64,13 @@ class Engine:
         assert self.tier.server is not None
         return self.tier.server.endpoint
 
-    def store(self, keys: Sequence[BlockKey]) -> dict[BlockKey, bytes]:
+    def store(self, keys: Sequence[BlockKey], salt: str = "") -> dict[BlockKey, bytes]:
         """Store `keys` with their `block_data` into the pool, as a GPU store would."""
         out = self.mgr.prepare_store(keys)
         assert out is not None, "the pool cannot take the blocks"
         data = {}
         for key, slot in zip(out.keys, out.slots, strict=True):
-            data[key] = block_data(key, self.pool.block_bytes)
+            data[key] = block_data(key, self.pool.block_bytes, salt)
             self.pool.block(slot)[:] = data[key]
         self.mgr.complete_store(keys)
         assert self.mgr.drain(20), "the cascades into the p2p tier did not end"

@@ -15,7 +15,7 @@ into the manager or a tier (whose `stats()` is a scheduler-thread call).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from kvtiers.inventory import TierInventory
@@ -84,6 +84,20 @@ class MeteredTier(SecondaryTier):
         except Exception:
             self._lookups[None](1.0)
             raise
+        return self._record(key, answer)
+
+    def lookup_in_request(self, key: BlockKey, request_id: str) -> LookupResult:
+        try:
+            answer = self.inner.lookup_in_request(key, request_id)
+        except Exception:
+            self._lookups[None](1.0)
+            raise
+        return self._record(key, answer)
+
+    def answers_in_request(self) -> bool:
+        return self.inner.answers_in_request()
+
+    def _record(self, key: BlockKey, answer: LookupResult) -> LookupResult:
         self._lookups[answer](1.0)
         probing = self._probing
         if answer is LookupResult.RETRY:
@@ -191,11 +205,13 @@ class MeteredManager:
         self._recorder.publish(self.manager.stats())
         self._next_publish = time.perf_counter() + self._interval
 
-    def lookup(self, key: BlockKey) -> LookupResult:
-        return self._timed("lookup", self.manager.lookup, key)
+    def lookup(self, key: BlockKey, tiers: Container[int] | None = None,
+               request_id: str | None = None) -> LookupResult:
+        return self._timed("lookup", self.manager.lookup, key, tiers, request_id)
 
-    def lookup_prefix(self, keys: Iterable[BlockKey]) -> PrefixLookup:
-        return self._timed("lookup_prefix", self.manager.lookup_prefix, keys)
+    def lookup_prefix(self, keys: Iterable[BlockKey],
+                      request_id: str | None = None) -> PrefixLookup:
+        return self._timed("lookup_prefix", self.manager.lookup_prefix, keys, request_id)
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
         return self._timed("prepare_load", self.manager.prepare_load, keys)

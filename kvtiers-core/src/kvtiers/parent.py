@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvtiers.jobs import TransferJob
@@ -27,6 +27,16 @@ class ParentManager(ABC):
     @abstractmethod
     def complete_store_job(self, job_id: int) -> None:
         """The bytes of the job were shipped (or the attempt ended): unpin its slots."""
+
+    def watch_removals(self, listener: Callable[[Sequence[BlockKey]], None]) -> bool:
+        """Have `listener(keys)` called with the keys that leave the pool (evicted,
+        dropped, reset) as they leave - before their slots can hold other bytes -
+        from the thread that removes them (the manager's caller, under its lock):
+        it must be O(1) per key, never block and never call the manager. What a
+        server caches per key (a block's checksum) stays right this way. Returns
+        False when this parent cannot report removals (the default): then nothing
+        may be cached per key."""
+        return False
 
     # Optional hooks, not abstract: a manager that keeps no per-request state needs neither.
     def on_request_start(  # noqa: B027 - an optional hook; the default does nothing

@@ -2,8 +2,9 @@
 
 A tier never touches the GPU. Threads:
 
-- **the scheduler thread** (the manager's caller) calls `lookup`, `submit_store`,
-  `submit_load`, `get_finished_jobs`, `touch`, `stats` and the request hooks. These
+- **the scheduler thread** (the manager's caller) calls `lookup` (and
+  `lookup_in_request`), `submit_store`, `submit_load`, `get_finished_jobs`,
+  `touch`, `stats` and the request hooks. These
   must not block on I/O, the network or another process, nor do work that grows
   with the number of blocks the tier holds: dictionary work only, O(1) per key.
 - **the tier's own threads** do every byte of I/O. A job is reported exactly once,
@@ -193,6 +194,24 @@ class SecondaryTier(ABC):
 
     def touch(self, keys: Iterable[BlockKey]) -> None:  # noqa: B027 - optional, a no-op
         """The keys were used: refresh their recency. Default: nothing."""
+
+    def lookup_in_request(self, key: BlockKey, request_id: str) -> LookupResult:
+        """Scheduler thread; never blocks. `lookup` for a lookup that engine request
+        `request_id` (the id `on_request_start` named) makes: a tier whose answer
+        depends on the request (p2p: a request's `remote_prefiller` holds its
+        blocks, so they are hits at once) overrides it. Same answers and duties as
+        `lookup`. The manager calls it only where `answers_in_request()` is True,
+        and only for lookups made for a request; every other lookup is `lookup`.
+        Default: `self.lookup(key)`."""
+        return self.lookup(key)
+
+    def answers_in_request(self) -> bool:
+        """Whether `lookup_in_request` is more than `lookup`, asked once when the
+        manager is built (other tiers then pay nothing per lookup for it). Default:
+        whether the tier's class overrides `lookup_in_request`; a wrapper that
+        forwards both (`faulty`, the metrics' `MeteredTier`) answers for the tier
+        it wraps."""
+        return type(self).lookup_in_request is not SecondaryTier.lookup_in_request
 
     def on_request_start(  # noqa: B027 - optional, a no-op
         self, request_id: str, params: Mapping[str, Any] | None = None

@@ -73,6 +73,7 @@ from kvtiers_p2p.protocol import (
 )
 from kvtiers_p2p.security import CurveKeys
 from kvtiers_p2p.sessions import ServeLimits, Session, Shipment, StoreSink
+from kvtiers_p2p.sums import BlockSums
 
 __all__ = ["PeerServer", "ServeLimits", "StoreSink"]
 
@@ -100,7 +101,7 @@ class PeerServer:
         self._curve = curve
         self._sink = sink
         self._nixl = nixl  # the NIXL plane: its agent has `pool` registered
-        self._sums: dict[BlockKey, int] = {}  # key -> its block's checksum (`_checksum`)
+        self._sums = BlockSums(parent, pool)  # the checksums shipped (`_checksum`)
         self._capacity_bytes = pool.num_slots * pool.block_bytes if sink is not None else 0
         self._log = logger or logging.getLogger("kvtiers.p2p.server")
         self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
@@ -322,21 +323,10 @@ class PeerServer:
         self.counters["bytes_shipped"] += n * self._pool.block_bytes
 
     def _checksum(self, key: BlockKey, slot: int) -> int:
-        """The checksum shipped with `key`'s block: the one it had when this server
-        first summed it (or took it, verified, from a push). A key names the same
-        bytes for good (keys are content hashes), so the first sum stays right -
-        and a slot whose bytes changed since fails it at the puller."""
-        known = self._sums.get(key)
-        if known is None:
-            known = checksum(self._pool.block(slot))
-            self._remember_sum(key, known)
-        return known
-
-    def _remember_sum(self, key: BlockKey, value: int) -> None:
-        sums = self._sums
-        if key not in sums and len(sums) >= self._pool.num_slots:
-            sums.pop(next(iter(sums)))  # bounded: the oldest goes
-        sums[key] = value
+        """The checksum shipped with `key`'s block, pinned in `slot`: summed once
+        while the block stays in the pool (or taken, verified, from a push);
+        forgotten when it leaves (`kvtiers_p2p.sums`)."""
+        return self._sums.of(key, slot)
 
     def _store(self, sock: zmq.Socket[bytes], ident: bytes, store: Store,
                blocks: list[zmq.Frame]) -> None:
@@ -357,12 +347,14 @@ class PeerServer:
                 else:
                     states[i] = State.CORRUPT
             if good:
+                for i in good:  # before the pool takes them: see BlockSums.remember
+                    self._sums.remember(store.keys[i], store.checksums[i])
                 answer = self._sink([store.keys[i] for i in good],
                                     [blocks[i].buffer for i in good])
                 for i, state in zip(good, answer.states, strict=True):
                     states[i] = state
-                    if state == State.PRESENT:  # these bytes are the pool's now
-                        self._remember_sum(store.keys[i], store.checksums[i])
+                    if state != State.PRESENT:  # not these bytes (held: the pool's own)
+                        self._sums.forget(store.keys[i])
                 self.counters["blocks_stored"] += answer.states.count(State.PRESENT)
                 evicted, usage = answer.evicted[:MAX_KEYS], answer.usage_bytes
         self._send(sock, ident, StoreDone(store.req, bytes(states), evicted, usage))

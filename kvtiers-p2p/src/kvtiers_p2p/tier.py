@@ -23,8 +23,12 @@ and pulls from it; `remote_decoder` (P/D prefill side) pulls nothing and serves.
 
 Per-request roles (vLLM's `kv_transfer_params`): a request naming a
 `remote_kv_source` or `remote_prefiller` (`remote_host`, `remote_port`) adds that
-peer for this tier's probes and loads; `remote_decoder` needs nothing here (the
-server serves whoever asks).
+peer for this tier's probes and loads. A request's `remote_prefiller` holds its
+blocks: the request's own lookups (`lookup_in_request`) answer HIT at once while
+that peer's link is ready (not for a key whose fetch failed within `miss_ttl_s`)
+and its loads pull from that peer; every other lookup (other requests, no request)
+probes as before. `remote_decoder` needs nothing here (the server serves whoever
+asks). What a request named is forgotten when it finishes.
 
 Threads: lookup/submit/take/stats/request hooks are the scheduler thread's and
 never block (a dictionary lookup, a queue hand-off). Probes run on the probe's
@@ -60,6 +64,7 @@ from kvtiers.tier import SecondaryTier, TierContext
 from kvtiers_p2p.client import LinkOptions, PeerLink, off_loop
 from kvtiers_p2p.handshake import Identity, seed_fingerprint
 from kvtiers_p2p.nixl_plane import NixlMissing, NixlPlane
+from kvtiers_p2p.prefills import Prefills
 from kvtiers_p2p.protocol import MAX_KEYS, DataPlane, State
 from kvtiers_p2p.schema import P2P_SCHEMA
 from kvtiers_p2p.security import CurveKeys
@@ -129,6 +134,9 @@ class P2PTier(SecondaryTier):
         self._server: PeerServer | None = None
         self._links: dict[str, PeerLink] = {}
         self._where: dict[BlockKey, PeerLink] = {}  # written on the loop only
+        # Per-request remote_prefillers (`lookup_in_request`): written on the
+        # scheduler thread only, read on the loop (`_load_batch`).
+        self._prefills = Prefills()
         self._zctx = zmq.asyncio.Context()
         # Slot copies (arriving blocks landed and verified, pushed blocks read) run
         # here, off the loop: the loop keeps receiving while a thread copies.
@@ -208,15 +216,26 @@ class P2PTier(SecondaryTier):
         if self._role == "remote_prefiller":
             # P/D: the prefill node holds this engine's blocks; no probe (a block it
             # lacks fails its fetch: a miss one step later).
-            failed = self._failed.get(key)
-            hit = (failed is None or failed < self.ctx.clock()) and any(
-                link.ready for link in self._links.values())
+            hit = not self._failing(key) and any(link.ready for link in self._links.values())
             self._stats.lookup(hit)
             return LookupResult.HIT if hit else LookupResult.MISS
         answer = self._probe.check(key)
         if answer is not LookupResult.RETRY:
             self._stats.lookup(answer is LookupResult.HIT)
         return answer
+
+    def lookup_in_request(self, key: BlockKey, request_id: str) -> LookupResult:
+        """For a request whose params named a `remote_prefiller`: HIT at once while
+        that peer's link is ready (the load pulls from it), unless the key's fetch
+        failed within `miss_ttl_s`; otherwise (and for every other request) as
+        `lookup`. O(1): dictionary work."""
+        link = self._prefills.link(request_id)
+        if link is None or not link.ready or self._closed or self._role == "remote_decoder":
+            return self.lookup(key)
+        if self._failing(key) or not self._prefills.name(request_id, key):
+            return self.lookup(key)
+        self._stats.lookup(True)
+        return LookupResult.HIT
 
     def submit_load(self, job: TransferJob) -> None:
         self._engine.submit_load(job)
@@ -253,8 +272,20 @@ class P2PTier(SecondaryTier):
             sub = params.get(role)
             if isinstance(sub, Mapping):
                 endpoint = _endpoint(sub.get("remote_host"), sub.get("remote_port"))
-                if endpoint is not None:
-                    self.add_peer(endpoint)
+                if endpoint is None:
+                    continue
+                self.add_peer(endpoint)
+                link = self._links.get(endpoint)
+                if role == "remote_prefiller" and link is not None:
+                    self._prefills.start(request_id, link)
+
+    def on_request_finished(self, request_id: str) -> None:
+        self._prefills.finish(request_id)
+
+    @property
+    def prefills(self) -> Prefills:
+        """The requests whose remote_prefiller holds their blocks (tests, tools)."""
+        return self._prefills
 
     def accept_stores(self, sink: StoreSink) -> None:
         """Keep the blocks peers push (`Store`) through `sink`: what a `kvtiers
@@ -336,8 +367,14 @@ class P2PTier(SecondaryTier):
             todo = [k for k in todo if k not in found]
         return found
 
+    def _failing(self, key: BlockKey) -> bool:
+        """`key` failed a fetch from a prefiller within `miss_ttl_s` (any thread)."""
+        failed = self._failed.get(key)
+        return failed is not None and failed >= self.ctx.clock()
+
     def _remember_failed(self, key: BlockKey) -> None:
-        """remote_prefiller: `key` failed its fetch; a miss for `miss_ttl_s`."""
+        """remote_prefiller (the tier's role or a request's): `key` failed its
+        fetch; a miss for `miss_ttl_s`."""
         failed = self._failed
         if key not in failed and len(failed) >= MAX_REMEMBERED:
             failed.pop(next(iter(failed)))
@@ -356,14 +393,23 @@ class P2PTier(SecondaryTier):
         eager = None
         if self._role == "remote_prefiller":
             eager = next((x for x in self._links.values() if x.ready), None)
+        # The prefiller a request's lookup named for a key (`lookup_in_request`),
+        # unless a fetch from a prefiller failed it lately (another lookup placed it).
+        holder = self._prefills.holder
+        named = [None if self._failing(keys[i]) else holder(keys[i]) for i in indices]
         if eager is None:
             # A key no probe placed (a load with no lookup before it, or a verdict
             # older than the memory of holders): ask the peers first.
-            unknown = [keys[i] for i in indices if keys[i] not in self._where]
+            unknown = [keys[i] for i, link in zip(indices, named, strict=True)
+                       if link is None and keys[i] not in self._where]
             if unknown:
                 await self._ask(unknown)
-        for i in indices:
-            link = self._where.get(keys[i], eager)
+        unprobed: set[int] = set()  # pulled from a request's prefiller, unprobed
+        for i, link in zip(indices, named, strict=True):
+            if link is None:
+                link = self._where.get(keys[i], eager)
+            else:
+                unprobed.add(i)
             if link is not None:
                 by_link.setdefault(link, []).append(i)
         timeout = self._timeout(job)
@@ -380,7 +426,7 @@ class P2PTier(SecondaryTier):
                 elif outcome is not None:  # a miss for a while, not a probe and a retry
                     self._where.pop(keys[i], None)
                     self._probe.record(keys[i], False)
-                    if eager is not None:
+                    if eager is not None or i in unprobed:
                         self._remember_failed(keys[i])
         return [out[i] for i in indices]
 

@@ -4,7 +4,8 @@
 What vLLM's scheduler-side connector calls, and what each call becomes:
 
 - `lookup` / `prepare_load` / `complete_load` / `touch` / `prepare_store` /
-  `complete_store`: the kvtiers calls of the same names. Keys pass through untouched
+  `complete_store`: the kvtiers calls of the same names (`lookup` with the
+  request's id where a tier answers per request). Keys pass through untouched
   (kvtiers keys are byte for byte vLLM's `OffloadKey`); slots are vLLM's CPU chunk
   ids and come back in the order of the keys given (vLLM hands them group by group),
   as a `CPULoadStoreSpec`.
@@ -113,6 +114,7 @@ class KvtiersManager(OffloadingManager):
         self._next_tier_stats = 0.0
         # Bound once: these run per block.
         self._lookup = manager.lookup
+        self._by_request = bool(getattr(manager, "request_lookups", False))
         # Engine transfers in flight (vLLM forgets them at reset_cache: their
         # complete_* never comes), so a reset can fence their blocks.
         self._stores: dict[bytes, None] = {}
@@ -151,15 +153,20 @@ class KvtiersManager(OffloadingManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """The pool, then the secondary tiers the request may load from: all of
         them, or those its `kv_load_tiers` (vLLM's `load_tier_filter`) allows by
-        medium and locality (`TIER_PLACES`), as vLLM's tiering manager filters."""
+        medium and locality (`TIER_PLACES`), as vLLM's tiering manager filters.
+        A tier that answers per request (`SecondaryTier.lookup_in_request`) is
+        asked with the request's id."""
         fenced = self._fenced
         if fenced is not None and key in fenced:
             return LookupResult.MISS
         load_filter = req_context.load_tier_filter
+        # The request's id only where a tier answers per request (p2p: a request's
+        # remote_prefiller): every other stack's lookups stay as they were.
+        req_id = req_context.req_id if self._by_request else None
         if load_filter is TierFilter.ALL:
-            result = self._lookup(key)
+            result = self._lookup(key) if req_id is None else self._lookup(key, None, req_id)
         else:
-            result = self._lookup(key, self._allowed_tiers(load_filter))
+            result = self._lookup(key, self._allowed_tiers(load_filter), req_id)
         if result is KvLookup.HIT_PENDING:
             self._note_source(key, req_context.req_id)
         return _RESULTS[result]

@@ -131,6 +131,7 @@ class KvtiersTier(SecondaryTierManager):
                 options.path,
                 options.section.type,
             )
+        self._by_request = self.tier.answers_in_request()
         self._stored: list[OffloadKey] = []  # committed since the last take_events
         self._in_flight: dict[int, bool] = {}  # job id -> is a load
         self._deltas = tier_metrics.StatsDeltas(self.tier_label)
@@ -147,6 +148,8 @@ class KvtiersTier(SecondaryTierManager):
     # -- lookups and jobs (scheduler thread, never blocking) --
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._by_request:  # the tier answers per request (p2p's remote_prefiller)
+            return _LOOKUP[self.tier.lookup_in_request(key, req_context.req_id)]
         return _LOOKUP[self.tier.lookup(key)]
 
     def _job(self, job: TransferJob) -> KvJob:

@@ -13,18 +13,25 @@ thread (under the manager's lock); nothing here blocks.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
+
 from kvtiers.keys import BlockKey
 from kvtiers.manager.events import CPU, OffloadEvent
 from kvtiers.tier_events import TierEvents
 
+_log = logging.getLogger("kvtiers.manager")
+
 
 class EventLog:
-    __slots__ = ("_enabled", "_events", "_tiers")
+    __slots__ = ("_enabled", "_events", "_listeners", "_tiers")
 
     def __init__(self, enabled: bool = False):
         self._enabled = False
         self._events: list[OffloadEvent] = []
         self._tiers: list[tuple[str, TierEvents]] = []
+        # Told of every removal from the pool, events on or off (`listen`).
+        self._listeners: list[Callable[[Sequence[BlockKey]], None]] = []
         if enabled:
             self.enable()
 
@@ -46,6 +53,11 @@ class EventLog:
         if self._enabled:
             reporter.enable()
 
+    def listen(self, listener: Callable[[Sequence[BlockKey]], None]) -> None:
+        """Call `listener(keys)` with the keys of every removal from the pool, as it
+        happens (`ParentManager.watch_removals`), events on or off."""
+        self._listeners.append(listener)
+
     def stored(self, keys: list[BlockKey], tier: str = CPU, source: str | None = None) -> None:
         """`keys` (a list the caller gives away) became readable from `tier`."""
         if self._enabled and keys:
@@ -53,6 +65,12 @@ class EventLog:
 
     def removed(self, keys: list[BlockKey], tier: str = CPU) -> None:
         """`keys` (a list the caller gives away) left `tier`."""
+        if self._listeners and tier == CPU and keys:
+            for listener in self._listeners:
+                try:
+                    listener(keys)
+                except Exception:  # noqa: BLE001 - a listener's bug must not stop evictions
+                    _log.exception("a removal listener raised; ignored")
         if self._enabled and keys:
             self._events.append(OffloadEvent("removed", keys, tier))
 

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtiers.clock import Clock, monotonic
@@ -143,14 +143,23 @@ class TieringOffloadingManager(ParentManager):
 
     # ------------------------------------------------------------------ lookups
 
-    def lookup(self, key: BlockKey, tiers: Container[int] | None = None) -> LookupResult:
+    def lookup(self, key: BlockKey, tiers: Container[int] | None = None,
+               request_id: str | None = None) -> LookupResult:
         """Where `key` is: HIT (pool, readable now), HIT_PENDING, RETRY or MISS.
         A hit in a secondary tier reserves a slot and starts a promotion. `tiers`:
         the indices (config order) of the secondary tiers that may be asked (a
         request's own choice of where it loads from); None: every tier. The pool
-        is always asked."""
+        is always asked. `request_id`: the engine request asking (the id of
+        `on_request_start`), for the tiers whose answers depend on it
+        (`SecondaryTier.lookup_in_request`); None: no request."""
         with self._lock:
-            return self._lookup(key, tiers)
+            return self._lookup(key, tiers, request_id)
+
+    @property
+    def request_lookups(self) -> bool:
+        """Whether a tier answers lookups per request (`answers_in_request`): where
+        not, an engine adapter need not pass request ids at all."""
+        return bool(self._traffic.in_request)
 
     def promotion_source(self, key: BlockKey) -> str | None:
         """The name of the tier whose promotion of `key` into the pool is on its way
@@ -158,7 +167,8 @@ class TieringOffloadingManager(ParentManager):
         with self._lock:
             return self._traffic.promotion_source(key)
 
-    def _lookup(self, key: BlockKey, tiers: Container[int] | None = None) -> LookupResult:
+    def _lookup(self, key: BlockKey, tiers: Container[int] | None = None,
+                request_id: str | None = None) -> LookupResult:
         c = self.counters
         c["lookups"] += 1
         slot = self._get(key)
@@ -170,7 +180,8 @@ class TieringOffloadingManager(ParentManager):
                 return LookupResult.HIT
             c["pending"] += 1
             return LookupResult.HIT_PENDING
-        result = self._traffic.lookup(key, tiers) if self._has_tiers else LookupResult.MISS
+        result = (self._traffic.lookup(key, tiers, request_id) if self._has_tiers
+                  else LookupResult.MISS)
         if result is LookupResult.MISS:
             c["misses"] += 1
         elif result is LookupResult.RETRY:
@@ -179,10 +190,12 @@ class TieringOffloadingManager(ParentManager):
             c["pending"] += 1
         return result
 
-    def lookup_prefix(self, keys: Iterable[BlockKey]) -> PrefixLookup:
+    def lookup_prefix(self, keys: Iterable[BlockKey],
+                      request_id: str | None = None) -> PrefixLookup:
         """Scan a prefix until the first MISS: how many leading blocks are readable
         now, and whether asking again next step may find more (a promotion or probe
-        is in flight). Promotions for the whole prefix start in this one call."""
+        is in flight). Promotions for the whole prefix start in this one call.
+        `request_id`: as for `lookup`."""
         with self._lock:
             if not self._has_tiers:
                 return self._pool_prefix(keys)
@@ -202,7 +215,7 @@ class TieringOffloadingManager(ParentManager):
                         for k, s in leading_hits:
                             slots.hold(k, s)
                         holding = True
-                    r = lookup(key)
+                    r = lookup(key, None, request_id)
                     if r is LookupResult.HIT:
                         if leading:  # (a HIT is resident: get() gives its slot)
                             hits += 1
@@ -322,6 +335,13 @@ class TieringOffloadingManager(ParentManager):
     def complete_store_job(self, job_id: int) -> None:
         with self._lock:
             self._peers.complete(job_id)
+
+    def watch_removals(self, listener: Callable[[Sequence[BlockKey]], None]) -> bool:
+        """See `ParentManager.watch_removals`: `listener` is called from the
+        eviction (under the lock), before the freed slots are handed out again."""
+        with self._lock:
+            self._events.listen(listener)
+        return True
 
     # ------------------------------------------------------------------ requests
 

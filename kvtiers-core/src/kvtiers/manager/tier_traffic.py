@@ -39,6 +39,13 @@ _log = logging.getLogger("kvtiers.manager")
 _UNHEALTHY = {FailureReason.IO, FailureReason.TIMEOUT, FailureReason.CLOSED}
 
 
+def _answers_in_request(tier: SecondaryTier) -> bool:
+    """Whether `tier` answers lookups per request (a tier-like object without the
+    optional method: no)."""
+    answers = getattr(tier, "answers_in_request", None)
+    return bool(answers()) if callable(answers) else False
+
+
 class TierTraffic:
     """See the module docstring. `tiers` and `jobs` may be read (stats, checks);
     `next_id()` hands out job ids shared with the manager's peer jobs."""
@@ -79,6 +86,10 @@ class TierTraffic:
         self.jobs: dict[int, TierJob] = {}
         #: the tiers with an admission policy (that count uses of blocks)
         self.judged = [rt for rt in self.tiers if rt.admission is not None]
+        #: the indices of the tiers whose answer depends on the request asking
+        #: (`SecondaryTier.answers_in_request`, asked once, here)
+        self.in_request = frozenset(rt.index for rt in self.tiers
+                                    if _answers_in_request(rt.tier))
         # Promotions on their way (reserved, submitted, not landed): key -> tier name.
         self._promoting: dict[BlockKey, str] = {}
         for rt in self.tiers:
@@ -88,10 +99,13 @@ class TierTraffic:
 
     # ------------------------------------------------------------------ lookups
 
-    def lookup(self, key: BlockKey, only: Container[int] | None = None) -> LookupResult:
+    def lookup(self, key: BlockKey, only: Container[int] | None = None,
+               request_id: str | None = None) -> LookupResult:
         """Ask the tiers in order (those whose index is in `only`, if given) for a
         block the pool lacks. A HIT reserves a slot and queues its promotion for
-        this step's job: HIT_PENDING. MISS also when no slot can be had."""
+        this step's job: HIT_PENDING. MISS also when no slot can be had.
+        `request_id`: the engine request asking (None: none); the tiers of
+        `in_request` are asked `lookup_in_request(key, request_id)` then."""
         retry = False
         for rt in self.tiers:
             if rt.stuck_blocks >= rt.queue_limit or not rt.breaker.allows():
@@ -99,7 +113,10 @@ class TierTraffic:
             if only is not None and rt.index not in only:
                 continue
             try:
-                answer = rt.tier.lookup(key)
+                if request_id is None or rt.index not in self.in_request:
+                    answer = rt.tier.lookup(key)
+                else:
+                    answer = rt.tier.lookup_in_request(key, request_id)
             except Exception:  # noqa: BLE001 - a tier's failure is a miss
                 rt.counters.lookup_errors += 1
                 _log.exception("tier %s: lookup raised; treating as a miss", rt.name)

@@ -38,9 +38,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.jobs import FailureReason, TransferJob
 from kvtiers.sdk.dualqueue import LOAD, STORE, Kind
-from kvtiers.sdk.job import CrashHook, EndHook, Job, JobFlow, JobLedger, Outcome, StartHook
+from kvtiers.sdk.engine_front import EngineFront
+from kvtiers.sdk.job import CrashHook, EndHook, Job, Outcome, StartHook
 from kvtiers.stats import StatsRecorder
 from kvtiers.tier import TierContext
 
@@ -87,7 +88,7 @@ class _Unit:
     indices: Sequence[int] | None  # None: the job's start hook
 
 
-class AsyncJobEngine:
+class AsyncJobEngine(EngineFront[AsyncJobHooks]):
     """One tier's jobs on an event loop of its own (a daemon thread). Defaults: no
     batching (each item is a unit: an object store has no use for grouping), 8 load
     and 8 store places."""
@@ -112,14 +113,9 @@ class AsyncJobEngine:
             raise ValueError(
                 "concurrency must be >= 0 per kind and >= 1 in all, got "
                 f"load={load_concurrency} store={store_concurrency}")
-        name = name or f"kvtiers-{ctx.name or 'tier'}"
-        self._hooks = {LOAD: load, STORE: store}
-        self._clock = ctx.clock
+        super().__init__(ctx, load=load, store=store, stats=stats, batch_bytes=batch_bytes,
+                         block_bytes=block_bytes, on_crash=on_crash, name=name)
         self._log = ctx.logger
-        self._ledger = JobLedger(stats)
-        self._flow = JobFlow(self._ledger, logger=ctx.logger,
-                             block_bytes=ctx.block_bytes if block_bytes is None else block_bytes,
-                             batch_bytes=batch_bytes, on_crash=on_crash, what=name)
         self._on_close = on_close
         # Loop-thread state.
         self._caps: dict[Kind, int] = {LOAD: load_concurrency, STORE: store_concurrency}
@@ -133,7 +129,7 @@ class AsyncJobEngine:
         self._close_lock = threading.Lock()
         self._clean: bool | None = None  # close's verdict, once closed
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
         self._thread.start()
 
     @property
@@ -152,33 +148,7 @@ class AsyncJobEngine:
             raise RuntimeError("AsyncJobEngine.run after close")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    # Scheduler side: never blocks.
-
-    @property
-    def closed(self) -> bool:
-        return self._ledger.closed
-
-    @property
-    def pending(self) -> int:
-        """Jobs submitted and not reported yet."""
-        return self._ledger.active
-
-    def submit_load(self, job: TransferJob, state: Any = None) -> None:
-        """Queue a load; `state` reaches every hook as `job.state` (see `JobEngine`)."""
-        self._submit(job, LOAD, state)
-
-    def submit_store(self, job: TransferJob, state: Any = None) -> None:
-        """Queue a store (see `submit_load`)."""
-        self._submit(job, STORE, state)
-
-    def take_finished(self) -> list[JobResult]:
-        return self._ledger.take()
-
-    # Any thread (not the loop's); these block.
-
-    def drain(self, timeout: float | None = None) -> bool:
-        """Wait (real time) until every submitted job is reported; False on timeout."""
-        return self._ledger.drain(timeout)
+    # Any thread (not the loop's); blocks. (The scheduler's calls: `EngineFront`.)
 
     def close(self, timeout: float | None = None) -> bool:
         """Refuse new jobs, fail queued units with `closed`, wait up to `timeout` for

@@ -46,10 +46,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.jobs import FailureReason, TransferJob
 from kvtiers.sdk.deferred import Deferrals
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind
-from kvtiers.sdk.job import CrashHook, EndHook, Job, JobFlow, JobLedger, Outcome, StartHook
+from kvtiers.sdk.engine_front import EngineFront
+from kvtiers.sdk.job import CrashHook, EndHook, Job, Outcome, StartHook
 from kvtiers.stats import StatsRecorder
 from kvtiers.tier import TierContext
 
@@ -88,7 +89,7 @@ class JobHooks:
     end: EndHook | None = None
 
 
-class JobEngine:
+class JobEngine(EngineFront[JobHooks]):
     """Runs one tier's jobs on `load_threads` + `store_threads` threads (either may
     be 0, not both). `stats` records every result reported; `block_bytes` (default
     the context's) is what one successful item moved; `on_crash` is told of every
@@ -108,53 +109,21 @@ class JobEngine:
         on_crash: CrashHook | None = None,
         name: str | None = None,
     ):
-        name = name or f"kvtiers-{ctx.name or 'tier'}"
-        self._hooks = {LOAD: load, STORE: store}
-        self._clock = ctx.clock
-        self._ledger = JobLedger(stats)
-        self._flow = JobFlow(self._ledger, logger=ctx.logger,
-                             block_bytes=ctx.block_bytes if block_bytes is None else block_bytes,
-                             batch_bytes=batch_bytes, on_crash=on_crash, what=name)
-        self.pool = DualQueueThreadPool(load_threads, store_threads, name=name,
+        super().__init__(ctx, load=load, store=store, stats=stats, batch_bytes=batch_bytes,
+                         block_bytes=block_bytes, on_crash=on_crash, name=name)
+        self.pool = DualQueueThreadPool(load_threads, store_threads, name=self._name,
                                         logger=ctx.logger)
         self._deferrals = Deferrals(ctx.clock, settle=self._settle_deferred,
-                                    resume=self._resume_deferred, name=name)
+                                    resume=self._resume_deferred, name=self._name)
 
-    # Scheduler side: never blocks.
-
-    @property
-    def closed(self) -> bool:
-        return self._ledger.closed
-
-    @property
-    def pending(self) -> int:
-        """Jobs submitted and not reported yet."""
-        return self._ledger.active
+    # Scheduler side: never blocks (and `EngineFront`'s calls).
 
     @property
     def deferred(self) -> int:
         """Keys deferred (`Job.defer`) and not settled yet."""
         return len(self._deferrals)
 
-    def submit_load(self, job: TransferJob, state: Any = None) -> None:
-        """Queue a load. `state` is the tier's (what it pinned at submit, say): it
-        reaches every hook as `job.state`; the end hook runs even if the job never
-        does, so whatever was taken at submit is always released."""
-        self._submit(job, LOAD, state)
-
-    def submit_store(self, job: TransferJob, state: Any = None) -> None:
-        """Queue a store (see `submit_load`)."""
-        self._submit(job, STORE, state)
-
-    def take_finished(self) -> list[JobResult]:
-        """Results of the jobs reported since the last call."""
-        return self._ledger.take()
-
-    # Any thread; these block.
-
-    def drain(self, timeout: float | None = None) -> bool:
-        """Wait (real time) until every submitted job is reported; False on timeout."""
-        return self._ledger.drain(timeout)
+    # Any thread; blocks.
 
     def close(self, timeout: float | None = None) -> bool:
         """Refuse new jobs, fail queued units and deferred keys with `closed`, wait

@@ -117,6 +117,20 @@ class FaultyTier(SecondaryTier):
     # Lookups.
 
     def lookup(self, key: BlockKey) -> LookupResult:
+        if self._injects_miss():
+            return LookupResult.MISS
+        return self._counted(self.inner.lookup(key))
+
+    def lookup_in_request(self, key: BlockKey, request_id: str) -> LookupResult:
+        """As `lookup` (the same miss draws), the inner's answer for the request."""
+        if self._injects_miss():
+            return LookupResult.MISS
+        return self._counted(self.inner.lookup_in_request(key, request_id))
+
+    def answers_in_request(self) -> bool:
+        return self.inner.answers_in_request()
+
+    def _injects_miss(self) -> bool:
         if (
             self._miss_rate
             and "lookup" in self._ops
@@ -124,8 +138,10 @@ class FaultyTier(SecondaryTier):
         ):
             self.faults["miss"] += 1
             self._stats.lookup(False)
-            return LookupResult.MISS
-        answer = self.inner.lookup(key)
+            return True
+        return False
+
+    def _counted(self, answer: LookupResult) -> LookupResult:
         if answer is not LookupResult.RETRY:
             self._stats.lookup(answer is LookupResult.HIT)
         return answer
