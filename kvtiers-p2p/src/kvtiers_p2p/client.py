@@ -27,7 +27,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import zmq
 import zmq.asyncio
@@ -96,6 +96,8 @@ class LinkOptions:
     #: bytes of one fetch of a pipelined load (`PeerLink.fetch`)
     chunk_bytes: int = 4 << 20
 
+
+_RECV_BATCH = 64  # messages handled per wake-up of the session's loop
 
 CONNECTING, READY, REFUSED, CLOSED = "connecting", "ready", "refused", "closed"
 
@@ -387,10 +389,9 @@ class PeerLink:
             tick = max(1, int(self._opt.keepalive_s * 1000 / 2))
             while not self._closing:
                 if await sock.poll(tick):
-                    parts = await sock.recv_multipart(copy=False)
-                    heard = loop.time()
-                    if self._dispatch(sock, parts):
+                    if self._receive_all(sock):
                         break
+                    heard = loop.time()
                     reached = reached or self.ready
                 now = loop.time()
                 if now - heard > self._opt.timeout_s:
@@ -416,6 +417,24 @@ class PeerLink:
                     future.set_exception(LinkDown(self.reason or "session ended"))
             sock.close(0)
         return reached
+
+    def _receive_all(self, sock: zmq.asyncio.Socket) -> bool:
+        """Handle every message waiting (up to a batch: one wake-up of the loop
+        per burst of replies, not per reply); True when one ends the session."""
+        for _ in range(_RECV_BATCH):
+            # NOBLOCK: the socket's future is done at once (a message, or Again)
+            future = cast("asyncio.Future[list[zmq.Frame]]",
+                          sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            if not future.done():
+                future.cancel()
+                break
+            try:
+                parts = future.result()
+            except zmq.Again:
+                break
+            if self._dispatch(sock, parts):
+                return True
+        return False
 
     def _dispatch(self, sock: zmq.asyncio.Socket, parts: list[zmq.Frame]) -> bool:
         """Handle one message; True when it ends the session."""
