@@ -13,12 +13,18 @@ raw and p2p interleaved within each run; MB/s = 10^6 bytes/s of block bytes move
   (one multipart message, no protocol, no checksums); the puller copies each frame
   into a slot of its pool - the floor of the ZeroMQ data plane;
 - raw, nixl: one NIXL READ of every block from the server's registered pool into
-  the puller's, no protocol, no checksums (the same two agents the tier uses);
+  the puller's, no protocol, no checksums (the same two agents the tier uses, the
+  same prepared descriptors): each key's block from its slot in the server's pool
+  into the slot the tier's load gives it (the same bytes, the same places; the
+  server's manager filled its pool from the top, so these pairs do not merge into
+  one copy); `raw_contiguous_MBps` is the READ of server slot s into slot s (one
+  merged copy: the baseline of the first measurements), in the same runs;
 - p2p: the p2p tier's load of the same blocks as one job (the server pins them
   through its manager, checksums them, ships them - frames, or its slots for the
   puller to READ; the puller lands and verifies each in its slot, says Landed),
   pipelined in fetches of 4 MiB;
-- lookup RTT: one key per Lookup through the real server (handshake once), p50/p99.
+- lookup RTT: one key per Lookup through the real server (handshake once), p50/p99;
+- p2p/raw: the ratio of the medians; per-run: the median of each run's ratio.
 """
 
 from __future__ import annotations
