@@ -13,12 +13,18 @@ raw and p2p interleaved within each run; MB/s = 10^6 bytes/s of block bytes move
   (one multipart message, no protocol, no checksums); the puller copies each frame
   into a slot of its pool - the floor of the ZeroMQ data plane;
 - raw, nixl: one NIXL READ of every block from the server's registered pool into
-  the puller's, no protocol, no checksums (the same two agents the tier uses);
+  the puller's, no protocol, no checksums (the same two agents the tier uses, the
+  same prepared descriptors): each key's block from its slot in the server's pool
+  into the slot the tier's load gives it (the same bytes, the same places; the
+  server's manager filled its pool from the top, so these pairs do not merge into
+  one copy); `raw_contiguous_MBps` is the READ of server slot s into slot s (one
+  merged copy: the baseline of the first measurements), in the same runs;
 - p2p: the p2p tier's load of the same blocks as one job (the server pins them
   through its manager, checksums them, ships them - frames, or its slots for the
   puller to READ; the puller lands and verifies each in its slot, says Landed),
   pipelined in fetches of 4 MiB;
-- lookup RTT: one key per Lookup through the real server (handshake once), p50/p99.
+- lookup RTT: one key per Lookup through the real server (handshake once), p50/p99;
+- p2p/raw: the ratio of the medians; per-run: the median of each run's ratio.
 """
 
 from __future__ import annotations
@@ -90,8 +96,8 @@ def serve(spec: dict[str, Any]) -> None:
     thread = threading.Thread(target=raw_server, daemon=True)
     thread.start()
     assert tier.server is not None
-    print(json.dumps({"p2p": tier.server.endpoint, "raw": f"tcp://{host}:{raw_port}"}),
-          flush=True)
+    print(json.dumps({"p2p": tier.server.endpoint, "raw": f"tcp://{host}:{raw_port}",
+                      "slots": list(out.slots)}), flush=True)
     sys.stdin.read()
     stop.set()
     thread.join()
@@ -136,14 +142,24 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
         zctx = zmq.Context()
         raw = zctx.socket(zmq.DEALER)
         raw.connect(ends["raw"])
-        raw_s, p2p_s = [], []
+        raw_s, p2p_s, contig_s = [], [], []
         link = next(iter(tier.links.values()))
+        # The server's slot of each key: the tier's load moves key i from there
+        # into slot i, and so does the raw READ (the same bytes, the same places).
+        pairs = list(zip(ends["slots"], range(n), strict=True))
         for run in range(runs + 1):  # the first of each is a warm-up
-            t0 = time.perf_counter()
-            if plane == "nixl":  # one READ of every block into the same slots
+            if plane == "nixl":  # also the old baseline: slot s into slot s (merged)
                 assert tier.nixl is not None and link.nixl_peer is not None
                 agent, desc = link.nixl_peer
+                tc = time.perf_counter()
                 state = tier.nixl.read(agent, desc, [(s, s) for s in range(n)], 60.0)
+                assert state == "DONE", state
+                if run:
+                    contig_s.append(time.perf_counter() - tc)
+            t0 = time.perf_counter()
+            if plane == "nixl":  # one READ of every block, key i into slot i
+                assert tier.nixl is not None
+                state = tier.nixl.read(agent, desc, pairs, 60.0)
                 assert state == "DONE", state
             else:
                 raw.send(b"go")
@@ -184,7 +200,14 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
         "raw_MBps": moved / statistics.median(raw_s) / 1e6,
         "p2p_MBps": moved / statistics.median(p2p_s) / 1e6,
         "raw_MBps_runs": [moved / t / 1e6 for t in raw_s],
+        **({"raw_contiguous_MBps": moved / statistics.median(contig_s) / 1e6,
+            "raw_contiguous_MBps_runs": [moved / t / 1e6 for t in contig_s]}
+           if contig_s else {}),
         "p2p_MBps_runs": [moved / t / 1e6 for t in p2p_s],
+        # per run: raw time / p2p time (the two interleaved), and their median
+        "p2p_over_raw_runs": [r / p for r, p in zip(raw_s, p2p_s, strict=True)],
+        "p2p_over_raw_median": statistics.median(r / p for r, p in zip(raw_s, p2p_s,
+                                                                        strict=True)),
         "lookup_rtt_us_p50": rtts[len(rtts) // 2] * 1e6,
         "lookup_rtt_us_p99": rtts[int(len(rtts) * 0.99)] * 1e6,
     }
@@ -206,6 +229,12 @@ def main() -> None:
                         help="the puller's num_threads (copier threads; the tier's default 4)")
     parser.add_argument("--netns", action="store_true",
                         help="also measure across two network namespaces (needs root)")
+    parser.add_argument("--planes", default="zmq,nixl",
+                        help="data planes to measure, comma-separated (nixl: when it imports)")
+    parser.add_argument("--sizes", default="32,2048",
+                        help="block sizes in KiB, comma-separated (32: 2048 blocks, 2048: 64)")
+    parser.add_argument("--no-loopback", action="store_true",
+                        help="with --netns: only across the namespaces")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.serve:
@@ -216,10 +245,13 @@ def main() -> None:
         print(json.dumps(measure(spec, spec.pop("prefix"))), flush=True)
         return
     scale = 4 if args.quick else 1
-    cases = [(32 << 10, 2048 // scale), (2 << 20, 64 // scale)]
-    planes = ["zmq"] + (["nixl"] if _nixl_imports() else [])
+    counts = {32: 2048, 2048: 64}
+    cases = [(kib << 10, counts.get(kib, max(1, (64 << 20) // (kib << 10))) // scale)
+             for kib in map(int, args.sizes.split(","))]
+    wanted = args.planes.split(",")
+    planes = [p for p in ("zmq", "nixl") if p in wanted and (p == "zmq" or _nixl_imports())]
     rows: list[dict[str, Any]] = []
-    for plane in planes:
+    for plane in planes if not args.no_loopback else []:
         for bb, n in cases:
             spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": "127.0.0.1",
                     "lookups": 500 if args.quick else 2000, "plane": plane,
@@ -242,12 +274,13 @@ def main() -> None:
                          str(ROOT), os.environ.get("PYTHONPATH", "")])})
                 rows.append({"where": "netns veth", **json.loads(out.stdout.splitlines()[-1])})
     header = (f"{'where':<11} {'plane':<5} {'block':>7} {'blocks':>6} {'raw MB/s':>9} "
-              f"{'p2p MB/s':>9} {'p2p/raw':>8} {'lookup p50 us':>14} {'p99 us':>8}")
+              f"{'p2p MB/s':>9} {'p2p/raw':>8} {'per-run':>8} {'lookup p50 us':>14} "
+              f"{'p99 us':>8}")
     print(header)
     for r in rows:
         print(f"{r['where']:<11} {r['plane']:<5} {r['block_bytes'] >> 10:>6}K {r['blocks']:>6} "
               f"{r['raw_MBps']:>9.0f} {r['p2p_MBps']:>9.0f} "
-              f"{r['p2p_MBps'] / r['raw_MBps']:>8.2f} "
+              f"{r['p2p_MBps'] / r['raw_MBps']:>8.2f} {r['p2p_over_raw_median']:>8.2f} "
               f"{r['lookup_rtt_us_p50']:>14.0f} {r['lookup_rtt_us_p99']:>8.0f}")
     doc = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                       f"Python {platform.python_version()}",

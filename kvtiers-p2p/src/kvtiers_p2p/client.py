@@ -27,7 +27,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import zmq
 import zmq.asyncio
@@ -39,6 +39,7 @@ from kvtiers.sdk.job import Outcome
 
 from kvtiers_p2p.codec import ProtocolError, decode_server, encode
 from kvtiers_p2p.nixl_plane import NixlPlane
+from kvtiers_p2p.nixl_reads import NixlReads
 from kvtiers_p2p.protocol import (
     MAX_KEYS,
     Abort,
@@ -96,6 +97,8 @@ class LinkOptions:
     chunk_bytes: int = 4 << 20
 
 
+_RECV_BATCH = 64  # messages handled per wake-up of the session's loop
+
 CONNECTING, READY, REFUSED, CLOSED = "connecting", "ready", "refused", "closed"
 
 
@@ -119,6 +122,9 @@ class PeerLink:
         self._opt = options
         self._curve = curve
         self._log = logger or logging.getLogger("kvtiers.p2p.client")
+        # NIXL: the READs of this link's fetches, batched (`NixlReads`)
+        self._reads = (NixlReads(nixl, pool, lander, endpoint=endpoint, logger=self._log)
+                       if nixl is not None and lander is not None else None)
         self.state = CONNECTING
         #: why the last session ended or was refused ("" while none did)
         self.reason = ""
@@ -195,14 +201,25 @@ class PeerLink:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
 
-        async def part(first: int) -> list[Outcome]:
-            size = min(chunk, n - first)
+        async def part(first: int, size: int) -> list[Outcome]:
             async with self._budget(size):
                 return await self._fetch(keys[first:first + size], slots[first:first + size],
                                          end - loop.time())
 
-        parts = await asyncio.gather(*(part(first) for first in range(0, n, chunk)))
-        return [outcome for outcomes in parts for outcome in outcomes]
+        # The first fetch is small: its blocks start moving (and the server's
+        # pinning of the next ones overlaps them) after a short round trip.
+        bounds = [0, *range(max(1, chunk // 8), n, chunk), n]
+        # Every part ends before this returns (or raises the first part's error):
+        # nothing of this load may touch its slots after it.
+        parts = await asyncio.gather(*(part(a, b - a)
+                                       for a, b in itertools.pairwise(bounds)),
+                                     return_exceptions=True)
+        out: list[Outcome] = []
+        for outcomes in parts:
+            if isinstance(outcomes, BaseException):
+                raise outcomes
+            out.extend(outcomes)
+        return out
 
     @contextlib.asynccontextmanager
     async def _budget(self, blocks: int) -> AsyncIterator[None]:
@@ -227,6 +244,7 @@ class PeerLink:
         if timeout <= 0:
             return [FailureReason.TIMEOUT] * n
         req, future = self._request()
+        end = asyncio.get_running_loop().time() + timeout
         try:
             assert self._sock is not None
             await self._sock.send(encode(Fetch(req, list(keys), list(slots))), zmq.NOBLOCK)
@@ -240,10 +258,10 @@ class PeerLink:
             self._pending.pop(req, None)
         remote = self._remote
         try:
-            if remote is not None:
-                assert self._lander is not None
-                return await off_loop(self._lander, self._read, remote, done, slots,
-                                      max(timeout, 0.1))
+            if remote is not None:  # the NIXL plane: READ, verify (copier threads)
+                assert self._reads is not None
+                left = end - asyncio.get_running_loop().time()
+                return await self._reads.read(remote, done, slots, max(left, 0.1))
             if self._lander is None:
                 return self._land(done, frames, slots)
             return await off_loop(self._lander, self._land, done, frames, slots)
@@ -338,46 +356,6 @@ class PeerLink:
                 out.append(FailureReason.MISSING)
         return out
 
-    def _read(self, remote: tuple[str, DataPlane], done: TransferDone,
-              slots: Sequence[int], timeout: float) -> list[Outcome]:
-        """The NIXL plane (a copier thread): READ the shipped blocks from the
-        server's slots into ours, one request, then verify each in its slot."""
-        n = len(slots)
-        agent, plane = remote
-        shipped = [i for i, state in enumerate(done.states) if state == State.PRESENT]
-        if len(done.states) != n or len(done.source_slots) != len(shipped) or any(
-                s >= plane.num_slots for s in done.source_slots):
-            self._log.warning("peer %s: a malformed transfer (%d states, %d source slots "
-                              "for %d keys); its keys fail", self.endpoint,
-                              len(done.states), len(done.source_slots), n)
-            return [FailureReason.IO] * n
-        out = self._outcomes(done.states)
-        if not shipped:
-            return out
-        assert self._nixl is not None
-        pairs = [(src, slots[i]) for src, i in zip(done.source_slots, shipped, strict=True)]
-        state = self._nixl.read(agent, plane, pairs, timeout)
-        if state != "DONE":
-            self._log.warning("peer %s: a NIXL read ended %s; its keys fail", self.endpoint,
-                              state)
-            failed = FailureReason.TIMEOUT if state == "TIMEOUT" else FailureReason.IO
-            for i in shipped:
-                out[i] = failed
-            return out
-        block = self._pool.block
-        for i, want in zip(shipped, done.checksums, strict=True):
-            if checksum(block(slots[i])) != want:
-                self._log.warning("peer %s: a block failed verification; a miss",
-                                  self.endpoint)
-                out[i] = FailureReason.CORRUPT
-        return out
-
-    @staticmethod
-    def _outcomes(states: bytes) -> list[Outcome]:
-        """Per key of a TransferDone: None for PRESENT (to be landed), else why not."""
-        return [None if st == State.PRESENT else FailureReason.REJECTED
-                if st == State.REFUSED else FailureReason.MISSING for st in states]
-
     # The supervisor.
 
     async def _supervise(self) -> None:
@@ -411,10 +389,9 @@ class PeerLink:
             tick = max(1, int(self._opt.keepalive_s * 1000 / 2))
             while not self._closing:
                 if await sock.poll(tick):
-                    parts = await sock.recv_multipart(copy=False)
-                    heard = loop.time()
-                    if self._dispatch(sock, parts):
+                    if self._receive_all(sock):
                         break
+                    heard = loop.time()
                     reached = reached or self.ready
                 now = loop.time()
                 if now - heard > self._opt.timeout_s:
@@ -440,6 +417,24 @@ class PeerLink:
                     future.set_exception(LinkDown(self.reason or "session ended"))
             sock.close(0)
         return reached
+
+    def _receive_all(self, sock: zmq.asyncio.Socket) -> bool:
+        """Handle every message waiting (up to a batch: one wake-up of the loop
+        per burst of replies, not per reply); True when one ends the session."""
+        for _ in range(_RECV_BATCH):
+            # NOBLOCK: the socket's future is done at once (a message, or Again)
+            future = cast("asyncio.Future[list[zmq.Frame]]",
+                          sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            if not future.done():
+                future.cancel()
+                break
+            try:
+                parts = future.result()
+            except zmq.Again:
+                break
+            if self._dispatch(sock, parts):
+                return True
+        return False
 
     def _dispatch(self, sock: zmq.asyncio.Socket, parts: list[zmq.Frame]) -> bool:
         """Handle one message; True when it ends the session."""

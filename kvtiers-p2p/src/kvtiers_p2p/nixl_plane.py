@@ -2,6 +2,11 @@
 CPU pool registered once; a puller READs the server's pinned slots straight into
 its own slots (one transfer request per fetch, not per block).
 
+Descriptors are prepared once, not per transfer: this side's pool (a descriptor
+per slot) when the plane is made, a peer's pool when it is first connected; a
+READ names slots by index into the two prepared lists (`make_prepped_xfer`), so
+a fetch costs NIXL no per-block descriptor building or checking.
+
 ZeroMQ stays the control plane: the `Hello`/`Welcome` carry each side's agent
 metadata and pool base (`DataPlane`), a `TransferDone` names the server's slots
 of the blocks it pinned, the puller READs them, verifies each block's xxh3 in its
@@ -27,6 +32,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from kvtiers.pool_view import PoolView
 
 from kvtiers_p2p.protocol import DataPlane
@@ -111,7 +117,12 @@ class NixlPlane:
             [(self.base, pool.num_slots * pool.slot_bytes, 0, "")], "DRAM")
         self._agent.register_memory(self._region)
         self.metadata: bytes = self._agent.get_agent_metadata()
+        # This pool's slots, prepared once: a READ's destination, by slot index.
+        self._local = self._agent.prep_xfer_dlist(
+            "NIXL_INIT_AGENT", _slot_descs(self.base, pool.num_slots, pool.slot_bytes,
+                                           pool.block_bytes), "DRAM")
         self._remotes: dict[bytes, str] = {}
+        self._prepped: dict[str, tuple[Any, int]] = {}  # remote -> its pool's list, slots
         self._closed = False
         self.reads = 0  # transfer requests completed (tests and benches read it)
 
@@ -121,7 +132,8 @@ class NixlPlane:
                          agent_metadata=self.metadata, base_addr=self.base)
 
     def connect(self, plane: DataPlane) -> str:
-        """Know the agent that `plane` (a peer's descriptor) describes; its name."""
+        """Know the agent that `plane` (a peer's descriptor) describes, and prepare
+        its pool's slots (once per agent); its name."""
         with self._lock:
             remote = self._remotes.get(plane.agent_metadata)
             if remote is None:
@@ -129,23 +141,33 @@ class NixlPlane:
                 if isinstance(remote, bytes):
                     remote = remote.decode()
                 self._remotes[plane.agent_metadata] = remote
+            if remote not in self._prepped:
+                descs = _slot_descs(plane.base_addr, plane.num_slots, plane.slot_bytes,
+                                    self._pool.block_bytes)
+                self._prepped[remote] = (self._agent.prep_xfer_dlist(remote, descs, "DRAM"),
+                                         plane.num_slots)
             return remote
 
     def read(self, remote: str, plane: DataPlane, pairs: Sequence[tuple[int, int]],
              timeout: float) -> str:
-        """READ blocks from the peer `remote` (its descriptor `plane`): each (its slot,
-        our slot) pair, one transfer request. Blocks until it ends: "DONE", "ERR",
-        or "TIMEOUT" (the request is released: NIXL aborts it)."""
-        bb = self._pool.block_bytes
-        ours, theirs = self.base, plane.base_addr
-        mine, peer = self._pool.slot_bytes, plane.slot_bytes
+        """READ blocks from the peer `remote` (connected with its descriptor
+        `plane`): each (its slot, our slot) pair, one transfer request. Blocks until
+        it ends: "DONE", "ERR" (also: a slot outside either pool, or a peer not
+        connected), or "TIMEOUT" (the request is released: NIXL aborts it)."""
+        if not pairs:
+            return "DONE"
+        index = np.array(pairs, dtype=np.int32).reshape(-1, 2)
+        theirs, ours = np.ascontiguousarray(index[:, 0]), np.ascontiguousarray(index[:, 1])
+        if int(index.min()) < 0 or int(ours.max()) >= self._pool.num_slots:
+            return "ERR"
         with self._lock:
             if self._closed:
                 return "ERR"
             agent = self._agent
-            local = agent.get_xfer_descs([(ours + d * mine, bb, 0) for _, d in pairs], "DRAM")
-            far = agent.get_xfer_descs([(theirs + s * peer, bb, 0) for s, _ in pairs], "DRAM")
-            handle = agent.initialize_xfer("READ", local, far, remote)
+            far, slots = self._prepped.get(remote, (None, 0))
+            if far is None or int(theirs.max()) >= slots:
+                return "ERR"
+            handle = agent.make_prepped_xfer("READ", self._local, ours, far, theirs)
             state = agent.transfer(handle)
         end = time.monotonic() + timeout
         try:
@@ -177,8 +199,22 @@ class NixlPlane:
             if self._closed:
                 return
             self._closed = True
-            for remote in self._remotes.values():
+            for handle, _ in self._prepped.values():
                 with contextlib.suppress(Exception):  # best effort at shutdown
+                    self._agent.release_dlist_handle(handle)
+            with contextlib.suppress(Exception):
+                self._agent.release_dlist_handle(self._local)
+            for remote in self._remotes.values():
+                with contextlib.suppress(Exception):
                     self._agent.remove_remote_agent(remote)
             self._agent.deregister_memory(self._region)
             self._agent = None  # the agent's resources go with the object
+
+
+def _slot_descs(base: int, slots: int, stride: int, length: int) -> Any:
+    """NIXL descriptors (an N x 3 array: address, length, device) of `slots` slots
+    `stride` bytes apart from `base`, `length` bytes each."""
+    descs = np.zeros((slots, 3), dtype=np.uint64)
+    descs[:, 0] = base + np.arange(slots, dtype=np.uint64) * np.uint64(stride)
+    descs[:, 1] = length
+    return descs
