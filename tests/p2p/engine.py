@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvtiers.clock import monotonic
@@ -108,3 +108,13 @@ class Engine:
 
     def close(self) -> None:
         self.mgr.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """True once `condition()` is (polled every 10 ms), False after `timeout` s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False

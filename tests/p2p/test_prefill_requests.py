@@ -8,7 +8,6 @@ puller; every loaded block's bytes checked."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,7 +19,7 @@ from kvtiers_p2p.client import PeerLink
 from kvtiers_p2p.prefills import Prefills
 
 from tests.p2p.conftest import MakeEngine, Peer, StartPeer
-from tests.p2p.engine import BB, FAST, SLOTS, Engine, block_data, keys_for
+from tests.p2p.engine import BB, FAST, SLOTS, Engine, block_data, keys_for, wait_for
 from tests.p2p.nodes import Node
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
@@ -44,14 +43,6 @@ def settle(engine: Engine, keys: list[BlockKey], request_id: str,
             return answers
         time.sleep(0.005)
 
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_a_request_naming_its_prefiller_gets_its_blocks_at_once(

@@ -3,13 +3,10 @@ the other finds them through its p2p tier and loads them; bytes verified."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from kvtiers.lookup import LookupResult
 
 from tests.p2p.conftest import MakeEngine, StartPeer
-from tests.p2p.engine import keys_for
+from tests.p2p.engine import keys_for, wait_for
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 
@@ -112,14 +109,6 @@ def test_a_clean_stop_tells_the_puller_at_once(peers: StartPeer, engines: MakeEn
     [link] = puller.tier.links.values()
     assert wait_for(lambda: "goodbye" in link.reason), link.reason  # not the 600 s timeout
 
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_a_decode_engine_takes_the_prefill_nodes_blocks_as_hits(
