@@ -24,10 +24,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -35,6 +35,7 @@ from kvtiers.integrity import checksum
 from kvtiers.jobs import FailureReason
 from kvtiers.keys import BlockKey
 from kvtiers.pool_view import PoolView
+from kvtiers.sdk.aio import run_off_loop
 from kvtiers.sdk.job import Outcome
 
 from kvtiers_p2p.codec import ProtocolError, decode_server, encode
@@ -62,24 +63,12 @@ from kvtiers_p2p.protocol import (
 )
 from kvtiers_p2p.security import CurveKeys
 
-__all__ = ["LinkDown", "LinkOptions", "PeerLink", "off_loop"]
+__all__ = ["LinkDown", "LinkOptions", "PeerLink"]
 
-_T = TypeVar("_T")
 
 #: what `asyncio.wait_for` raises: the builtin TimeoutError from 3.11, its own
 #: class on 3.10 (where the two differ)
 _WaitTimeout = asyncio.TimeoutError  # noqa: UP041
-
-
-async def off_loop(executor: Executor, fn: Callable[..., _T], *args: Any) -> _T:
-    """`fn(*args)` on `executor`, awaited. Cancelled, it still waits for `fn` to
-    return: a job must never end while a thread still touches its slots."""
-    work = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
-    try:
-        return await asyncio.shield(work)
-    except asyncio.CancelledError:
-        await asyncio.wait([work])
-        raise
 
 
 class LinkDown(ConnectionError):
@@ -264,7 +253,7 @@ class PeerLink:
                 return await self._reads.read(remote, done, slots, max(left, 0.1))
             if self._lander is None:
                 return self._land(done, frames, slots)
-            return await off_loop(self._lander, self._land, done, frames, slots)
+            return await run_off_loop(self._lander, self._land, done, frames, slots)
         finally:
             if done.checksums:
                 self._landed(req)

@@ -9,7 +9,7 @@ moved; a node that is away is REJECTED (a healthy refusal the breaker does not
 count).
 
 Threads: the hooks run on the tier's event loop; slot copies and checksums on the
-tier's copier threads (`off_loop`), so the loop keeps receiving meanwhile.
+tier's copier threads (`kvtiers.sdk.run_off_loop`), so the loop keeps receiving meanwhile.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from kvtiers.jobs import FailureReason
 from kvtiers.keys import BlockKey
 from kvtiers.pool_view import PoolView
 from kvtiers.probe import AsyncProbe
-from kvtiers.sdk.aio import AsyncJobHooks
+from kvtiers.sdk.aio import AsyncJobHooks, run_off_loop
 from kvtiers.sdk.job import Job, Outcome
 from kvtiers.stats import StatsRecorder
 
-from kvtiers_p2p.client import PeerLink, off_loop
+from kvtiers_p2p.client import PeerLink
 from kvtiers_p2p.protocol import State
 
 __all__ = ["Pushes"]
@@ -64,7 +64,7 @@ class Pushes:
         if link is None:
             return [FailureReason.REJECTED] * len(indices)
         keys = [job.keys[i] for i in indices]
-        blocks, sums = await off_loop(self._copier, self._read_slots,
+        blocks, sums = await run_off_loop(self._copier, self._read_slots,
                                       [job.slots[i] for i in indices])
         outcomes, done = await link.push(keys, blocks, sums, self._timeout(job))
         if done is not None:
