@@ -16,9 +16,10 @@ lists of one length. Scheduler thread only. Set `KVTIERS_PURE_PYTHON=1` (or
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Hashable, MutableSequence, Sequence
 from typing import Any
+
+from kvtiers.native import pure_python_asked
 
 Hold = Callable[[Any, list[Any], list[Any]], list[Any]]
 Fill = Callable[[Any, list[int], int], None]
@@ -70,7 +71,7 @@ except ImportError:  # pragma: no cover - depends on the install
 #: whether the C helper was built
 NATIVE = _slotops is not None
 #: whether pools built from now on use it
-USE_NATIVE = NATIVE and os.environ.get("KVTIERS_PURE_PYTHON", "") in ("", "0")
+USE_NATIVE = NATIVE and not pure_python_asked()
 
 
 def functions() -> tuple[Hold, Hold, Fill]:

@@ -23,9 +23,10 @@ a policy is built) to use the Python loop and `GhostLists`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any
+
+from kvtiers.native import pure_python_asked
 
 UNLINK = 1
 LINK = 2
@@ -104,7 +105,7 @@ except ImportError:  # pragma: no cover - depends on the install
 #: whether the C helper was built
 NATIVE = _native is not None
 #: whether policies built from now on use it
-USE_NATIVE = NATIVE and os.environ.get("KVTIERS_PURE_PYTHON", "") in ("", "0")
+USE_NATIVE = NATIVE and not pure_python_asked()
 
 
 def native() -> Any:
