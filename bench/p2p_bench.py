@@ -6,6 +6,8 @@ round trip, on loopback (and across two network namespaces with --netns).
     PYTHONPATH=kvtiers-core/src:kvtiers-p2p/src .venv/bin/python bench/p2p_bench.py
     ... bench/p2p_bench.py --netns      # also across a veth pair (root; made and removed)
     ... bench/p2p_bench.py --quick
+    ... bench/p2p_bench.py --job-mib 256 # larger jobs (default 64 MiB of 32 KiB blocks,
+                                         # 128 MiB of 2 MiB blocks)
 
 Rows per data plane (zmq always; nixl when NIXL imports), median of --runs runs,
 raw and p2p interleaved within each run; MB/s = 10^6 bytes/s of block bytes moved:
@@ -19,10 +21,15 @@ raw and p2p interleaved within each run; MB/s = 10^6 bytes/s of block bytes move
   server's manager filled its pool from the top, so these pairs do not merge into
   one copy); `raw_contiguous_MBps` is the READ of server slot s into slot s (one
   merged copy: the baseline of the first measurements), in the same runs;
+- raw xN, nixl: the same READ cut into N equal runs moved at once on the N NIXL
+  agents of the tier's transfer streams (default 2): raw NIXL with the tier's
+  parallelism (a copy within one host is CPU work: the tier's two streams use two
+  cores, the single raw READ one); p2p/rawxN is the median of each run's ratio;
 - p2p: the p2p tier's load of the same blocks as one job (the server pins them
   through its manager, checksums them, ships them - frames, or its slots for the
   puller to READ; the puller lands and verifies each in its slot, says Landed),
-  pipelined in fetches of 4 MiB;
+  pipelined in fetches of up to 16 MiB (`kvtiers_p2p.client.fetch_bounds`: small
+  first, larger, smaller again at the end), moved on the tier's transfer streams;
 - lookup RTT: one key per Lookup through the real server (handshake once), p50/p99;
 - p2p/raw: the ratio of the medians; per-run: the median of each run's ratio.
 """
@@ -136,13 +143,16 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
     keys = _keys(n)
     try:
         end = time.monotonic() + 60
-        while not all(tier.lookup(k) is LookupResult.HIT for k in keys):
+        # Every key asked each pass (all() would stop at the first RETRY: one key
+        # probed per pass).
+        while [tier.lookup(k) for k in keys].count(LookupResult.HIT) < n:
             assert time.monotonic() < end, "the p2p tier never saw the blocks"
             time.sleep(0.01)
         zctx = zmq.Context()
         raw = zctx.socket(zmq.DEALER)
         raw.connect(ends["raw"])
-        raw_s, p2p_s, contig_s = [], [], []
+        raw_s, p2p_s, contig_s, par_s = [], [], [], []
+        streams = tier.nixl.streams if tier.nixl is not None else 1
         link = next(iter(tier.links.values()))
         # The server's slot of each key: the tier's load moves key i from there
         # into slot i, and so does the raw READ (the same bytes, the same places).
@@ -167,6 +177,13 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
                 for slot, frame in enumerate(frames):
                     pool.block(slot)[:] = frame.buffer
             t1 = time.perf_counter()
+            if plane == "nixl" and streams > 1:  # the same READ cut over the streams
+                assert tier.nixl is not None
+                tp = time.perf_counter()
+                _parallel_read(tier.nixl, agent, desc, pairs, streams)
+                if run:
+                    par_s.append(time.perf_counter() - tp)
+                t1 = time.perf_counter()
             tier.submit_load(TransferJob(run + 1, keys, list(range(n))))
             assert tier.drain(120)
             [result] = tier.get_finished_jobs()
@@ -203,6 +220,12 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
         **({"raw_contiguous_MBps": moved / statistics.median(contig_s) / 1e6,
             "raw_contiguous_MBps_runs": [moved / t / 1e6 for t in contig_s]}
            if contig_s else {}),
+        "transfer_streams": streams,
+        **({"raw_streams_MBps": moved / statistics.median(par_s) / 1e6,
+            "raw_streams_MBps_runs": [moved / t / 1e6 for t in par_s],
+            "p2p_over_raw_streams_median": statistics.median(
+                r / p for r, p in zip(par_s, p2p_s, strict=True))}
+           if par_s else {}),
         "p2p_MBps_runs": [moved / t / 1e6 for t in p2p_s],
         # per run: raw time / p2p time (the two interleaved), and their median
         "p2p_over_raw_runs": [r / p for r, p in zip(raw_s, p2p_s, strict=True)],
@@ -211,6 +234,26 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
         "lookup_rtt_us_p50": rtts[len(rtts) // 2] * 1e6,
         "lookup_rtt_us_p99": rtts[int(len(rtts) * 0.99)] * 1e6,
     }
+
+
+def _parallel_read(plane: Any, agent: str, desc: Any, pairs: list[tuple[int, int]],
+                   streams: int) -> None:
+    """The raw READ of `pairs` cut into `streams` equal runs, each on a stream
+    (NIXL agent) of its own, all at once: raw NIXL with the tier's parallelism."""
+    import threading
+
+    per = -(-len(pairs) // streams)
+    states: list[str] = []
+
+    def one(i: int) -> None:
+        states.append(plane.read(agent, desc, pairs[i * per:(i + 1) * per], 60.0, i))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert states == ["DONE"] * streams, states
 
 
 def _nixl_imports() -> bool:
@@ -233,6 +276,9 @@ def main() -> None:
                         help="data planes to measure, comma-separated (nixl: when it imports)")
     parser.add_argument("--sizes", default="32,2048",
                         help="block sizes in KiB, comma-separated (32: 2048 blocks, 2048: 64)")
+    parser.add_argument("--job-mib", type=int, default=0,
+                        help="MiB of blocks per load job, every size (default: 64 MiB of "
+                             "32 KiB blocks, 128 MiB of 2 MiB blocks)")
     parser.add_argument("--no-loopback", action="store_true",
                         help="with --netns: only across the namespaces")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -246,7 +292,10 @@ def main() -> None:
         return
     scale = 4 if args.quick else 1
     counts = {32: 2048, 2048: 64}
-    cases = [(kib << 10, counts.get(kib, max(1, (64 << 20) // (kib << 10))) // scale)
+    if args.job_mib < 0:
+        parser.error(f"--job-mib must be positive, got {args.job_mib}")
+    cases = [(kib << 10, max(1, (args.job_mib << 20) // (kib << 10)) if args.job_mib else
+              counts.get(kib, max(1, (64 << 20) // (kib << 10))) // scale)
              for kib in map(int, args.sizes.split(","))]
     wanted = args.planes.split(",")
     planes = [p for p in ("zmq", "nixl") if p in wanted and (p == "zmq" or _nixl_imports())]
@@ -274,13 +323,15 @@ def main() -> None:
                          str(ROOT), os.environ.get("PYTHONPATH", "")])})
                 rows.append({"where": "netns veth", **json.loads(out.stdout.splitlines()[-1])})
     header = (f"{'where':<11} {'plane':<5} {'block':>7} {'blocks':>6} {'raw MB/s':>9} "
-              f"{'p2p MB/s':>9} {'p2p/raw':>8} {'per-run':>8} {'lookup p50 us':>14} "
-              f"{'p99 us':>8}")
+              f"{'p2p MB/s':>9} {'p2p/raw':>8} {'per-run':>8} {'raw xN MB/s':>12} "
+              f"{'p2p/rawxN':>9} {'lookup p50 us':>14} {'p99 us':>8}")
     print(header)
     for r in rows:
+        par = (f"{r['raw_streams_MBps']:>12.0f} {r['p2p_over_raw_streams_median']:>9.2f}"
+               if "raw_streams_MBps" in r else f"{'-':>12} {'-':>9}")
         print(f"{r['where']:<11} {r['plane']:<5} {r['block_bytes'] >> 10:>6}K {r['blocks']:>6} "
               f"{r['raw_MBps']:>9.0f} {r['p2p_MBps']:>9.0f} "
-              f"{r['p2p_MBps'] / r['raw_MBps']:>8.2f} {r['p2p_over_raw_median']:>8.2f} "
+              f"{r['p2p_MBps'] / r['raw_MBps']:>8.2f} {r['p2p_over_raw_median']:>8.2f} {par} "
               f"{r['lookup_rtt_us_p50']:>14.0f} {r['lookup_rtt_us_p99']:>8.0f}")
     doc = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                       f"Python {platform.python_version()}",

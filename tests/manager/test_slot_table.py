@@ -157,9 +157,12 @@ def test_clear_drops_every_unheld_block_and_counts_no_eviction() -> None:
     assert t.free_count == 3
 
 
-def test_ready_slots_takes_no_holds() -> None:
+def test_held_pairs_are_released_by_their_slots() -> None:
     t, _ = table()
     slots = stored(t, 1, 2)
-    assert t.ready_slots([key(2), key(1)]) == [slots[1], slots[0]]
-    assert t.ready_slots([key(1), key(3)]) is None
+    held = t.hold_readable([key(2), key(1), key(2)])
+    assert held == [slots[1], slots[0], slots[1]] and t.pinned == 2
+    t.release_held([key(2), key(1)], [slots[1], slots[0]])
+    assert t.pinned == 1  # key 2 still holds one
+    t.release_held([key(2)], [slots[1]])
     assert t.pinned == 0

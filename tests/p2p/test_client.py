@@ -4,15 +4,19 @@ server costs misses within the deadline - never wrong bytes, never a hang."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kvtiers.integrity import checksum
 from kvtiers.jobs import FailureReason
 from kvtiers.lookup import LookupResult
+from kvtiers_p2p.client import fetch_bounds
 from kvtiers_p2p.codec import decode_client, encode
 from kvtiers_p2p.protocol import (
     DataPlane,
@@ -186,3 +190,24 @@ def test_a_silent_server_costs_misses_at_the_fetch_timeout(
     assert answers == [LookupResult.MISS] * 2
     assert tier["timeouts"] == 0 and tier["promotion_failures"] == 2
     assert puller.tier.stats().errors, "the tier reported no failure"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 20000), st.integers(1, 4096))
+def test_a_load_is_cut_into_fetches_that_cover_it_once(n: int, chunk: int) -> None:
+    """`fetch_bounds`: every block in exactly one fetch, in order; none larger
+    than a chunk; the first small (a short first round trip, the whole load
+    when it is that small); none smaller than the first but the last."""
+    bounds = fetch_bounds(n, chunk)
+    sizes = [b - a for a, b in itertools.pairwise(bounds)]
+    assert bounds[0] == 0 and bounds[-1] == n and all(s > 0 for s in sizes)
+    assert all(s <= chunk for s in sizes)
+    floor = max(1, chunk // 32)
+    if sizes:
+        assert sizes[0] == (n if n < 2 * floor else floor)
+        assert all(s >= min(floor, n) for s in sizes[:-1])
+
+
+def test_a_load_of_a_few_chunks_ramps_up_then_shrinks_at_its_end() -> None:
+    sizes = [b - a for a, b in itertools.pairwise(fetch_bounds(2048, 512))]
+    assert sizes == [16, 32, 64, 128, 256, 512, 512, 264, 132, 132]

@@ -88,6 +88,27 @@ def test_large_blocks_over_nixl(peers: StartPeer, engines: MakeEngine) -> None:
 
 
 @needs_nixl
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_pipelined_load_moves_on_every_stream(
+        peers: StartPeer, engines: MakeEngine, streams: int) -> None:
+    """A load of more blocks than one fetch takes (2 MiB blocks: 8 per fetch) is
+    cut into fetches; with two transfer streams both move them, each verifying
+    what it moved; every byte lands where it belongs."""
+    bb, n = 2 << 20, 40
+    server = peers({"seed": "pipe", "n": n, "block_bytes": bb, "slots": n,
+                    "tier": {"port": 0, **NIXL}})
+    puller = engines({"peers": [server.endpoint], "transfer_streams": streams, **NIXL},
+                     block_bytes=bb, slots=n)
+    assert puller.wait_ready()
+    keys = keys_for("pipe", n)
+    assert puller.settle(keys) == [HIT] * n
+    puller.check_loaded(keys)
+    plane = puller.tier.nixl
+    assert plane is not None and plane.streams == streams
+    assert len(plane.stream_reads) == streams and all(plane.stream_reads), plane.stream_reads
+
+
+@needs_nixl
 def test_a_server_without_nixl_is_served_over_zeromq(
         peers: StartPeer, engines: MakeEngine) -> None:
     server = peers({"seed": "a", "n": 8, "tier": {"port": 0, "data_plane": "zmq"}})

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Any, cast
 
 import zmq
 import zmq.asyncio
-from kvtiers.integrity import checksum
+from kvtiers.integrity import land_slots
 from kvtiers.jobs import FailureReason
 from kvtiers.keys import BlockKey
 from kvtiers.pool_view import PoolView
@@ -63,7 +64,7 @@ from kvtiers_p2p.protocol import (
 )
 from kvtiers_p2p.security import CurveKeys
 
-__all__ = ["LinkDown", "LinkOptions", "PeerLink"]
+__all__ = ["LinkDown", "LinkOptions", "PeerLink", "fetch_bounds"]
 
 
 #: what `asyncio.wait_for` raises: the builtin TimeoutError from 3.11, its own
@@ -82,13 +83,49 @@ class LinkOptions:
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 10.0
     lookup_timeout_s: float = 1.0
-    #: bytes of one fetch of a pipelined load (`PeerLink.fetch`)
-    chunk_bytes: int = 4 << 20
+    #: bytes of the largest fetch of a pipelined load (`PeerLink.fetch`)
+    chunk_bytes: int = 16 << 20
 
 
 _RECV_BATCH = 64  # messages handled per wake-up of the session's loop
 
 CONNECTING, READY, REFUSED, CLOSED = "connecting", "ready", "refused", "closed"
+
+
+async def _within(future: asyncio.Future[Any], timeout: float) -> Any:
+    """`future`'s result, or `_WaitTimeout` after `timeout` s: `asyncio.wait_for`
+    for a plain future, without the task 3.11's makes for each wait (a fetch's
+    reply is waited for this way dozens of times per load)."""
+    def expire() -> None:
+        if not future.done():
+            future.set_exception(_WaitTimeout())
+
+    timer = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        return await future
+    finally:
+        timer.cancel()
+
+
+def fetch_bounds(n: int, chunk: int) -> list[int]:
+    """Where a load of `n` blocks is cut into fetches of at most `chunk` blocks.
+    The first is small (1/32 of a chunk) and each next one twice the one before:
+    the first blocks move after a short round trip, and the server pins each
+    fetch (faster per block than it moves) while the one before moves. Then
+    fetches of `chunk`, none more than half of what is left: the last ones
+    shrink, so the streams moving them end about together."""
+    floor = max(1, chunk // 32)
+    bounds = [0]
+    size = floor
+    while bounds[-1] < n:
+        left = n - bounds[-1]
+        if size >= chunk:
+            size = min(chunk, max(floor, left // 2))
+        if left - size < floor and left <= chunk:
+            size = left  # no sliver at the end
+        bounds.append(bounds[-1] + size)
+        size = min(chunk, size * 2)
+    return bounds
 
 
 class PeerLink:
@@ -124,6 +161,8 @@ class PeerLink:
         self.capacity_bytes = 0  # likewise: its pool's, when it accepts stores
         self._sock: zmq.asyncio.Socket | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        # NIXL fetches waiting for their reply: their slots and deadline (monotonic)
+        self._reading: dict[int, tuple[Sequence[int], float]] = {}
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -167,7 +206,7 @@ class PeerLink:
         try:
             assert self._sock is not None
             await self._sock.send(encode(Lookup(req, list(keys))), zmq.NOBLOCK)
-            reply: LookupReply = await asyncio.wait_for(future, self._opt.lookup_timeout_s)
+            reply: LookupReply = await _within(future, self._opt.lookup_timeout_s)
         except (_WaitTimeout, LinkDown, ProtocolError, zmq.ZMQError):
             return None
         finally:
@@ -177,14 +216,15 @@ class PeerLink:
     async def fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
                     timeout: float) -> list[Outcome]:
         """Pull `keys` into `slots` of the pool; one outcome per key, within one
-        `timeout` in all. Pipelined: split into fetches of about `chunk_bytes`
-        that are in flight together (the server checksums and ships one while
-        this side lands the one before), never more blocks at once on this link
-        than the server's `max_fetch` (its pin budget for this peer)."""
+        `timeout` in all. Up to `chunk_bytes` (and the server's `max_fetch`, its
+        pin budget for this peer): one fetch, every block pinned until the load
+        ends. More: pipelined, cut by `fetch_bounds` into fetches in flight
+        together (the server pins and ships one while this side lands the one
+        before), never more blocks at once on this link than `max_fetch`."""
         n = len(keys)
-        per = self.max_fetch
-        chunk = max(1, min(per, self._opt.chunk_bytes // max(self._pool.block_bytes, 1)))
-        if n <= chunk:
+        chunk = max(1, min(self.max_fetch,
+                           self._opt.chunk_bytes // max(self._pool.block_bytes, 1)))
+        if n <= chunk:  # one fetch: every block pinned at once, until the load ends
             async with self._budget(n):
                 return await self._fetch(keys, slots, timeout)
         loop = asyncio.get_running_loop()
@@ -195,9 +235,7 @@ class PeerLink:
                 return await self._fetch(keys[first:first + size], slots[first:first + size],
                                          end - loop.time())
 
-        # The first fetch is small: its blocks start moving (and the server's
-        # pinning of the next ones overlaps them) after a short round trip.
-        bounds = [0, *range(max(1, chunk // 8), n, chunk), n]
+        bounds = fetch_bounds(n, chunk)
         # Every part ends before this returns (or raises the first part's error):
         # nothing of this load may touch its slots after it.
         parts = await asyncio.gather(*(part(a, b - a)
@@ -233,27 +271,34 @@ class PeerLink:
         if timeout <= 0:
             return [FailureReason.TIMEOUT] * n
         req, future = self._request()
-        end = asyncio.get_running_loop().time() + timeout
+        nixl = self._remote is not None and self._reads is not None
+        if nixl:  # the reply's READ is queued as it is read (`_dispatch`)
+            self._reading[req] = (slots, time.monotonic() + timeout)
         try:
             assert self._sock is not None
             await self._sock.send(encode(Fetch(req, list(keys), list(slots))), zmq.NOBLOCK)
-            done, frames = await asyncio.wait_for(future, timeout)
+            done, landing = await _within(future, timeout)
         except _WaitTimeout:
             self._abort(req)
             return [FailureReason.TIMEOUT] * n
         except (LinkDown, ProtocolError, zmq.ZMQError):
             return [FailureReason.IO] * n
+        except asyncio.CancelledError:  # a READ queued already must let go first
+            if nixl and future.done() and not future.cancelled() and (
+                    future.exception() is None):
+                assert self._reads is not None
+                await self._reads.abandon(future.result()[1])
+            raise
         finally:
             self._pending.pop(req, None)
-        remote = self._remote
+            self._reading.pop(req, None)
         try:
-            if remote is not None:  # the NIXL plane: READ, verify (copier threads)
+            if nixl:  # the NIXL plane: READ and verified on the copier threads
                 assert self._reads is not None
-                left = end - asyncio.get_running_loop().time()
-                return await self._reads.read(remote, done, slots, max(left, 0.1))
+                return await self._reads.finish(landing)
             if self._lander is None:
-                return self._land(done, frames, slots)
-            return await run_off_loop(self._lander, self._land, done, frames, slots)
+                return self._land(done, landing, slots)
+            return await run_off_loop(self._lander, self._land, done, landing, slots)
         finally:
             if done.checksums:
                 self._landed(req)
@@ -275,7 +320,7 @@ class PeerLink:
             assert self._sock is not None
             header = encode(Store(req, list(keys), list(sums)))
             await self._sock.send_multipart([header, *blocks], zmq.NOBLOCK, copy=False)
-            done: StoreDone = await asyncio.wait_for(future, timeout)
+            done: StoreDone = await _within(future, timeout)
         except _WaitTimeout:
             return [FailureReason.TIMEOUT] * n, None
         except (LinkDown, ProtocolError, zmq.ZMQError):
@@ -325,24 +370,24 @@ class PeerLink:
                               "keys); its keys fail", self.endpoint, len(done.states),
                               len(frames), n)
             return [FailureReason.IO] * n
-        out: list[Outcome] = []
-        j = 0
-        block = self._pool.block
-        for i, state in enumerate(done.states):
-            if state == State.PRESENT:
-                dst = block(slots[i])
-                dst[:] = frames[j].buffer
-                if checksum(dst) != done.checksums[j]:
-                    self._log.warning("peer %s: a block failed verification; a miss",
-                                      self.endpoint)
-                    out.append(FailureReason.CORRUPT)
-                else:
-                    out.append(None)
-                j += 1
-            elif state == State.REFUSED:
-                out.append(FailureReason.REJECTED)
-            else:
-                out.append(FailureReason.MISSING)
+        present = State.PRESENT
+        out: list[Outcome] = [None if st == present else FailureReason.REJECTED
+                              if st == State.REFUSED else FailureReason.MISSING
+                              for st in done.states]
+        if not shipped:
+            return out
+        shipped_at = [i for i, st in enumerate(done.states) if st == present]
+        # Copied into the slots and summed there, in one call (C, without the GIL).
+        sums = land_slots(self._pool, [slots[i] for i in shipped_at],
+                          [f.buffer for f in frames])
+        bad = 0
+        for i, have, want in zip(shipped_at, sums, done.checksums, strict=True):
+            if have != want:
+                out[i] = FailureReason.CORRUPT
+                bad += 1
+        if bad:
+            self._log.warning("peer %s: %d block(s) failed verification; misses",
+                              self.endpoint, bad)
         return out
 
     # The supervisor.
@@ -469,7 +514,14 @@ class PeerLink:
             if isinstance(message, ErrorReply):
                 future.set_exception(ProtocolError(message.reason))
             elif isinstance(message, TransferDone):
-                future.set_result((message, parts[1:]))
+                reading = self._reading.get(message.req)
+                if reading is not None and self._remote is not None and (
+                        self._reads is not None):
+                    slots, end = reading
+                    future.set_result((message, self._reads.start(
+                        self._remote, message, slots, max(end - time.monotonic(), 0.1))))
+                else:
+                    future.set_result((message, parts[1:]))
             else:
                 future.set_result(message)
         elif isinstance(message, KeepAlive):

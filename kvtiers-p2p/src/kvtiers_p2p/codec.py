@@ -99,10 +99,9 @@ def decode_server(frame: Any) -> ServerMessage:
 def check_slots(fetch: Fetch, num_slots: int) -> None:
     """`ProtocolError` when a slot of `fetch` is past a pool of `num_slots` slots
     (the puller's, as its Hello described it)."""
-    for slot in fetch.slots:
-        if slot >= num_slots:
-            raise ProtocolError(
-                f"fetch {fetch.req}: slot {slot} is past the pool's {num_slots} slots")
+    if fetch.slots and (top := max(fetch.slots)) >= num_slots:
+        raise ProtocolError(
+            f"fetch {fetch.req}: slot {top} is past the pool's {num_slots} slots")
 
 
 def _decode(decoder: msgspec.msgpack.Decoder[_T], frame: Any) -> _T:

@@ -1,6 +1,7 @@
-"""`NixlPlane`: the NIXL data plane (UCX backend) - one NIXL agent per tier, its
-CPU pool registered once; a puller READs the server's pinned slots straight into
-its own slots (one transfer request per fetch, not per block).
+"""`NixlPlane`: the NIXL data plane (UCX backend) - NIXL agents of a tier (one, or
+one per transfer stream), the CPU pool registered with each once; a puller READs
+the server's pinned slots straight into its own slots (one transfer request per
+fetch, not per block), several fetches at once on several streams.
 
 Descriptors are prepared once, not per transfer: this side's pool (a descriptor
 per slot) when the plane is made, a peer's pool when it is first connected; a
@@ -14,10 +15,10 @@ slot and says `Landed` (the server unpins). NIXL is optional (`kvtiers-p2p[nixl]
 `load_nixl` finds it (the `nixl` meta-package, or `nixl_cu12` / `nixl_cu13`
 directly) or raises `NixlMissing` with what to install.
 
-Threads: every agent call holds the plane's lock (an agent made without a listener
-thread is not thread-safe); `read` blocks (it polls the transfer until it ends) and
-runs on the tier's copier threads, never on the loop or the scheduler thread;
-`progress` runs on the server's thread.
+Threads: every call into an agent holds that agent's lock (an agent made without
+a listener thread is not thread-safe); `read` blocks (it polls the transfer until
+it ends) and runs on the tier's copier threads, one per stream at a time, never on
+the loop or the scheduler thread; `progress` runs on the server's thread.
 """
 
 from __future__ import annotations
@@ -92,39 +93,45 @@ def nixl_available() -> bool:
 
 
 class NixlPlane:
-    """A NIXL agent with `pool` registered (DRAM). `descriptor()` is what this side
-    sends in its Hello or Welcome; `read` pulls blocks from a peer's pool.
-    Raises `NixlMissing` without NIXL, RuntimeError when the agent or its UCX
-    backend cannot be made."""
+    """NIXL agents with `pool` registered (DRAM): `streams` of them, each READing on
+    its own (a copy within one host is CPU work: two streams use two cores). The
+    first also serves: `descriptor()` (what this side sends in its Hello or
+    Welcome) describes it, and `progress` lets it answer as a target. `read` pulls
+    blocks from a peer's pool on the stream it is given. Raises `NixlMissing`
+    without NIXL, RuntimeError when an agent or its backend cannot be made."""
 
-    def __init__(self, pool: PoolView, name: str = "", backends: Sequence[str] = ("UCX",)):
+    def __init__(self, pool: PoolView, name: str = "", backends: Sequence[str] = ("UCX",),
+                 streams: int = 1):
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, got {streams}")
         api = load_nixl()
         self._pool = pool
-        self._lock = threading.Lock()
         self.name = f"{name or 'kvtiers'}-{os.getpid()}-{next(_names)}"
-        # No progress thread: NIXL's spins (half a core per idle agent). A puller
-        # progresses its transfers as it polls them; a server calls `progress`
-        # from its thread (UCX needs the target's for connection set-up only: the
-        # READs themselves are one-sided).
-        config = api.nixl_agent_config(enable_prog_thread=False, backends=list(backends))
-        self._agent = api.nixl_agent(self.name, config)
-        missing = [b for b in backends if b not in self._agent.backends]
-        if missing:
-            raise RuntimeError(f"NIXL has no {', '.join(missing)} backend here (plugins: "
-                               f"{', '.join(self._agent.get_plugin_list())})")
         self.base = pool.address
-        self._region = self._agent.get_reg_descs(
-            [(self.base, pool.num_slots * pool.slot_bytes, 0, "")], "DRAM")
-        self._agent.register_memory(self._region)
-        self.metadata: bytes = self._agent.get_agent_metadata()
-        # This pool's slots, prepared once: a READ's destination, by slot index.
-        self._local = self._agent.prep_xfer_dlist(
-            "NIXL_INIT_AGENT", _slot_descs(self.base, pool.num_slots, pool.slot_bytes,
-                                           pool.block_bytes), "DRAM")
-        self._remotes: dict[bytes, str] = {}
-        self._prepped: dict[str, tuple[Any, int]] = {}  # remote -> its pool's list, slots
-        self._closed = False
-        self.reads = 0  # transfer requests completed (tests and benches read it)
+        self._agents: list[_Agent] = []
+        try:
+            for i in range(streams):
+                self._agents.append(_Agent(api, self.name if i == 0 else f"{self.name}.{i}",
+                                           pool, backends))
+        except BaseException:
+            self.close()
+            raise
+        self.metadata: bytes = self._agents[0].metadata
+
+    @property
+    def streams(self) -> int:
+        """How many READs may move at once (one per stream)."""
+        return len(self._agents)
+
+    @property
+    def reads(self) -> int:
+        """Transfer requests completed, every stream together (tests, benches)."""
+        return sum(self.stream_reads)
+
+    @property
+    def stream_reads(self) -> tuple[int, ...]:
+        """Transfer requests completed on each stream."""
+        return tuple(a.reads for a in self._agents)
 
     def descriptor(self) -> DataPlane:
         pool = self._pool
@@ -132,9 +139,83 @@ class NixlPlane:
                          agent_metadata=self.metadata, base_addr=self.base)
 
     def connect(self, plane: DataPlane) -> str:
-        """Know the agent that `plane` (a peer's descriptor) describes, and prepare
-        its pool's slots (once per agent); its name."""
+        """Know the agent that `plane` (a peer's descriptor) describes, on every
+        stream, and prepare its pool's slots (once per agent); its name."""
+        names = {agent.connect(plane) for agent in self._agents}
+        if len(names) != 1:
+            raise RuntimeError(f"NIXL named one peer agent differently: {sorted(names)}")
+        return names.pop()
+
+    def read(self, remote: str, plane: DataPlane, pairs: Sequence[tuple[int, int]],
+             timeout: float, stream: int = 0) -> str:
+        """READ blocks from the peer `remote` (connected with its descriptor
+        `plane`) on `stream`: each (its slot, our slot) pair, one transfer request.
+        Blocks until it ends: "DONE", "ERR" (also: a slot outside either pool, or a
+        peer not connected), or "TIMEOUT" (the request is released: NIXL aborts
+        it). One READ at a time per stream (its lock)."""
+        if not pairs:
+            return "DONE"
+        index = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        return self._agents[stream].read(remote, index[:, 0], index[:, 1], timeout)
+
+    def read_slots(self, remote: str, theirs: Sequence[int], ours: Sequence[int],
+                   timeout: float, stream: int = 0) -> str:
+        """`read` of the pairs (theirs[i], ours[i]): two lists of slot numbers of
+        one length (a fetch's, as they came)."""
+        if len(theirs) != len(ours):
+            return "ERR"
+        if not ours:
+            return "DONE"
+        return self._agents[stream].read(remote, np.asarray(theirs, dtype=np.int64),
+                                         np.asarray(ours, dtype=np.int64), timeout)
+
+    def progress(self) -> None:
+        """Let the serving agent make progress as a target (the server's thread,
+        every poll)."""
+        if self._agents:
+            self._agents[0].progress()
+
+    def close(self) -> None:
+        for agent in self._agents:
+            agent.close()
+
+
+class _Agent:
+    """One NIXL agent of a plane: its pool registration, prepared descriptors and
+    the peers it knows. Every call holds its lock (an agent made without a
+    listener thread is not thread-safe)."""
+
+    def __init__(self, api: Any, name: str, pool: PoolView, backends: Sequence[str]):
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._closed = False
+        # No progress thread: NIXL's spins (half a core per idle agent). A puller
+        # progresses its transfers as it polls them; a server calls `progress`
+        # from its thread (UCX needs the target's for connection set-up only: the
+        # READs themselves are one-sided).
+        config = api.nixl_agent_config(enable_prog_thread=False, backends=list(backends))
+        self._agent = api.nixl_agent(name, config)
+        missing = [b for b in backends if b not in self._agent.backends]
+        if missing:
+            raise RuntimeError(f"NIXL has no {', '.join(missing)} backend here (plugins: "
+                               f"{', '.join(self._agent.get_plugin_list())})")
+        base = pool.address
+        self._region = self._agent.get_reg_descs(
+            [(base, pool.num_slots * pool.slot_bytes, 0, "")], "DRAM")
+        self._agent.register_memory(self._region)
+        self.metadata: bytes = self._agent.get_agent_metadata()
+        # This pool's slots, prepared once: a READ's destination, by slot index.
+        self._local = self._agent.prep_xfer_dlist(
+            "NIXL_INIT_AGENT", _slot_descs(base, pool.num_slots, pool.slot_bytes,
+                                           pool.block_bytes), "DRAM")
+        self._remotes: dict[bytes, str] = {}
+        self._prepped: dict[str, tuple[Any, int]] = {}  # remote -> its pool's list, slots
+        self.reads = 0
+
+    def connect(self, plane: DataPlane) -> str:
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the NIXL plane is closed")
             remote = self._remotes.get(plane.agent_metadata)
             if remote is None:
                 remote = self._agent.add_remote_agent(plane.agent_metadata)
@@ -146,26 +227,23 @@ class NixlPlane:
                                     self._pool.block_bytes)
                 self._prepped[remote] = (self._agent.prep_xfer_dlist(remote, descs, "DRAM"),
                                          plane.num_slots)
-            return remote
+            return str(remote)
 
-    def read(self, remote: str, plane: DataPlane, pairs: Sequence[tuple[int, int]],
-             timeout: float) -> str:
-        """READ blocks from the peer `remote` (connected with its descriptor
-        `plane`): each (its slot, our slot) pair, one transfer request. Blocks until
-        it ends: "DONE", "ERR" (also: a slot outside either pool, or a peer not
-        connected), or "TIMEOUT" (the request is released: NIXL aborts it)."""
-        if not pairs:
-            return "DONE"
-        index = np.array(pairs, dtype=np.int32).reshape(-1, 2)
-        theirs, ours = np.ascontiguousarray(index[:, 0]), np.ascontiguousarray(index[:, 1])
-        if int(index.min()) < 0 or int(ours.max()) >= self._pool.num_slots:
+    def read(self, remote: str, theirs: Any, ours: Any, timeout: float) -> str:
+        """READ theirs[i] into ours[i] (numpy integer arrays of one length, not
+        empty); see `NixlPlane.read`."""
+        if min(int(theirs.min()), int(ours.min())) < 0 or (
+                int(ours.max()) >= self._pool.num_slots):
             return "ERR"
+        top = int(theirs.max())  # checked against their pool before any narrowing
+        theirs = np.ascontiguousarray(theirs, dtype=np.int32)
+        ours = np.ascontiguousarray(ours, dtype=np.int32)
         with self._lock:
             if self._closed:
                 return "ERR"
             agent = self._agent
             far, slots = self._prepped.get(remote, (None, 0))
-            if far is None or int(theirs.max()) >= slots:
+            if far is None or top >= slots:
                 return "ERR"
             handle = agent.make_prepped_xfer("READ", self._local, ours, far, theirs)
             state = agent.transfer(handle)
@@ -189,7 +267,6 @@ class NixlPlane:
                     agent.release_xfer_handle(handle)
 
     def progress(self) -> None:
-        """Let the agent make progress as a target (the server's thread, every poll)."""
         with self._lock:
             if not self._closed:
                 self._agent.get_new_notifs()

@@ -115,6 +115,17 @@ P2P_SCHEMA: Mapping[str, Any] = {
             "default": 4,
             "description": "transfers a puller runs at once (vLLM: num_threads)",
         },
+        "transfer_streams": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 16,
+            "default": 2,
+            "description": (
+                "NIXL READs a puller moves at once, each on a NIXL agent and copier "
+                "thread of its own, each verifying what it moved (at most num_threads; "
+                "a copy within one host is CPU work: two streams use two cores)"
+            ),
+        },
         "unbound_store_timeout_s": _seconds(
             30.0,
             "longest a peer's pins on this engine's pool are held while its blocks "

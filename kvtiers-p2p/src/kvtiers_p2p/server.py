@@ -101,7 +101,7 @@ class PeerServer:
         self._curve = curve
         self._sink = sink
         self._nixl = nixl  # the NIXL plane: its agent has `pool` registered
-        self._sums = BlockSums(parent, pool)  # the checksums shipped (`_checksum`)
+        self._sums = BlockSums(parent, pool)  # the checksums shipped with blocks
         self._capacity_bytes = pool.num_slots * pool.block_bytes if sink is not None else 0
         self._log = logger or logging.getLogger("kvtiers.p2p.server")
         self._max_pinned = max(1, int(pool.num_slots * limits.max_pinned_share))
@@ -282,8 +282,13 @@ class PeerServer:
             self._bad(sock, ident, fetch.req, str(exc))
             return
         budget = max(self._max_pinned - session.pinned, 0)
-        job = None
-        for _attempt in range(2):
+        states = bytearray(len(fetch.keys))
+        wanted = list(range(len(fetch.keys)))
+        # The common case first: every key held, within the budget - one call
+        # pins them all (no lookup per key before it).
+        job = (self._parent.create_store_job(fetch.keys)
+               if 0 < len(wanted) <= budget else None)
+        for _attempt in range(2 if job is None else 0):
             states = bytearray(len(fetch.keys))
             wanted = [i for i, key in enumerate(fetch.keys)
                       if self._parent.lookup(key) is LookupResult.HIT]
@@ -301,10 +306,14 @@ class PeerServer:
             self._send(sock, ident, TransferDone(fetch.req, bytes(states), []))
             return
         block = self._pool.block
-        keys = [fetch.keys[i] for i in wanted]
-        sums = [self._checksum(key, slot) for key, slot in zip(keys, job.slots, strict=True)]
-        for i in wanted:
-            states[i] = State.PRESENT
+        if len(wanted) == len(fetch.keys):  # every key (the common case)
+            keys = fetch.keys
+            states = bytearray([State.PRESENT]) * len(keys)
+        else:
+            keys = [fetch.keys[i] for i in wanted]
+            for i in wanted:
+                states[i] = State.PRESENT
+        sums = self._sums.of_many(keys, job.slots)
         if session.plane == "nixl":  # the puller READs the pinned slots, then Landed
             frames: list[zmq.Frame] = []
             header = encode(TransferDone(fetch.req, bytes(states), sums, list(job.slots)))
@@ -321,12 +330,6 @@ class PeerServer:
             Shipment(job.job_id, n, fetch.req, now + self._limits.pin_timeout_s))
         self.counters["blocks_shipped"] += n
         self.counters["bytes_shipped"] += n * self._pool.block_bytes
-
-    def _checksum(self, key: BlockKey, slot: int) -> int:
-        """The checksum shipped with `key`'s block, pinned in `slot`: summed once
-        while the block stays in the pool (or taken, verified, from a push);
-        forgotten when it leaves (`kvtiers_p2p.sums`)."""
-        return self._sums.of(key, slot)
 
     def _store(self, sock: zmq.Socket[bytes], ident: bytes, store: Store,
                blocks: list[zmq.Frame]) -> None:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import cast
 
-from kvtiers.integrity import checksum
+from kvtiers.integrity import checksum, checksum_slots
 from kvtiers.keys import BlockKey
 from kvtiers.parent import ParentManager
 from kvtiers.pool_view import PoolView
@@ -55,6 +56,20 @@ class BlockSums:
             known = checksum(self._pool.block(slot))
             self.remember(key, known)
         return known
+
+    def of_many(self, keys: Sequence[BlockKey], slots: Sequence[int]) -> list[int]:
+        """`of` for each key and the slot it is pinned in (the server's thread):
+        the sums known in one pass, the others taken together (C, when built)."""
+        if self._stale or self._lost:
+            self._drop_stale()
+        known = list(map(self._sums.get, keys))
+        if None in known:
+            missing = [i for i, value in enumerate(known) if value is None]
+            for i, value in zip(missing, checksum_slots(self._pool, [slots[i] for i in missing]),
+                                strict=True):
+                known[i] = value
+                self.remember(keys[i], value)
+        return cast("list[int]", known)  # every None was filled
 
     def remember(self, key: BlockKey, value: int) -> None:
         """`value` is the sum of the bytes `key` has (or is about to have: a push

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import os
 import re
 import socket
@@ -184,7 +185,10 @@ class P2PTier(SecondaryTier):
         if choice == "zmq":
             return None
         try:
-            return NixlPlane(ctx.pool, name=f"kvtiers-{ctx.name or 'p2p'}")
+            return NixlPlane(ctx.pool, name=f"kvtiers-{ctx.name or 'p2p'}",
+                             backends=self.config["backends"],
+                             streams=min(self.config["transfer_streams"],
+                                         self.config["num_threads"]))
         except (NixlMissing, RuntimeError) as exc:
             if choice == "nixl":
                 raise ConfigError(ConfigProblem("$.data_plane", str(exc))) from exc
@@ -390,36 +394,67 @@ class P2PTier(SecondaryTier):
         where[key] = link
 
     async def _load_batch(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
-        keys, slots = job.keys, job.slots
-        out: dict[int, Outcome] = dict.fromkeys(indices, FailureReason.MISSING)
+        keys = job.keys
         by_link: dict[PeerLink, list[int]] = {}
         eager = None
         if self._role == "remote_prefiller":
             eager = next((x for x in self._links.values() if x.ready), None)
         # The prefiller a request's lookup named for a key (`lookup_in_request`),
         # unless a fetch from a prefiller failed it lately (another lookup placed it).
-        holder = self._prefills.holder
-        named = [None if self._failing(keys[i]) else holder(keys[i]) for i in indices]
+        # (Per-key work here is a few dictionary reads: a load of 32 KiB blocks
+        # has thousands of keys, and the first fetch waits for this.)
+        named: list[PeerLink | None]
+        if self._prefills.named:
+            holder, failing = self._prefills.holder, self._failing
+            named = [None if failing(keys[i]) else holder(keys[i]) for i in indices]
+        else:
+            named = [None] * len(indices)
+            order = list(indices)
+            mine = keys if order == list(range(len(keys))) else [keys[i] for i in order]
+            links = list(map(self._where.get, mine, itertools.repeat(eager)))
+            if links and links[0] is not None and links.count(links[0]) == len(links):
+                # The common case: every key placed, all at one peer.
+                return await self._fetch_from({links[0]: order}, job, order, set(), eager)
+        where = self._where
         if eager is None:
             # A key no probe placed (a load with no lookup before it, or a verdict
             # older than the memory of holders): ask the peers first.
             unknown = [keys[i] for i, link in zip(indices, named, strict=True)
-                       if link is None and keys[i] not in self._where]
+                       if link is None and keys[i] not in where]
             if unknown:
                 await self._ask(unknown)
         unprobed: set[int] = set()  # pulled from a request's prefiller, unprobed
         for i, link in zip(indices, named, strict=True):
             if link is None:
-                link = self._where.get(keys[i], eager)
+                link = where.get(keys[i], eager)
             else:
                 unprobed.add(i)
             if link is not None:
-                by_link.setdefault(link, []).append(i)
+                group = by_link.get(link)
+                if group is None:
+                    by_link[link] = [i]
+                else:
+                    group.append(i)
+        return await self._fetch_from(by_link, job, indices, unprobed, eager)
+
+    async def _fetch_from(self, by_link: dict[PeerLink, list[int]], job: Job,
+                          indices: Sequence[int], unprobed: set[int],
+                          eager: PeerLink | None) -> list[Outcome]:
+        """Pull each link's keys (indices into the job) from it: the outcome of
+        each of `indices` (MISSING where no link has it), and what a miss does to
+        the probe's verdicts and the prefiller's failures."""
+        keys, slots = job.keys, job.slots
         timeout = self._timeout(job)
         groups = list(by_link.items())
+        everything = len(groups) == 1 and groups[0][1] == list(range(len(keys)))
         results = await asyncio.gather(*(
+            link.fetch(keys, slots, timeout) if everything else
             link.fetch([keys[i] for i in idx], [slots[i] for i in idx], timeout)
             for link, idx in groups))
+        if len(groups) == 1 and groups[0][1] == list(indices) and (
+                results[0].count(None) == len(results[0])):
+            return list(results[0])  # every key landed: nothing to remember
+        out: dict[int, Outcome] = dict.fromkeys(indices, FailureReason.MISSING)
         for (_, idx), outcomes in zip(groups, results, strict=True):
             for i, outcome in zip(idx, outcomes, strict=True):
                 out[i] = outcome

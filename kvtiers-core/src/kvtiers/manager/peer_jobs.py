@@ -25,16 +25,19 @@ class PeerJobs:
         return len(self._jobs)
 
     def create(self, keys: Sequence[BlockKey]) -> TransferJob | None:
-        """A job over the slots of `keys`, held; None when any is not READY."""
-        slots = self._slots.ready_slots(keys)
-        if slots is None:
+        """A job over the slots of `keys`, held; None when any is not READY (the
+        holds are taken in one batch: a peer's fetch pins thousands of blocks)."""
+        keys = list(keys)
+        try:
+            slots = self._slots.hold_readable(keys)
+        except KeyError:
             return None
-        # Built first: it refuses a repeated key before any hold is taken.
-        job = TransferJob(self._next_id(), list(keys), slots)
-        hold = self._slots.hold
-        for key, slot in zip(keys, slots, strict=True):
-            hold(key, slot)
-        self._jobs[job.job_id] = (list(job.keys), slots)
+        try:
+            job = TransferJob(self._next_id(), keys, slots)
+        except ValueError:  # a repeated key: the holds go again
+            self._slots.release_held(keys, slots)
+            raise
+        self._jobs[job.job_id] = (keys, slots)
         return job
 
     def complete(self, job_id: int) -> None:
@@ -42,6 +45,4 @@ class PeerJobs:
         entry = self._jobs.pop(job_id, None)
         if entry is None:
             return
-        release = self._slots.release
-        for key, slot in zip(*entry, strict=True):
-            release(key, slot)
+        self._slots.release_held(*entry)

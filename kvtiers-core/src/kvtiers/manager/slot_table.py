@@ -116,17 +116,6 @@ class SlotTable:
                 out.append((key, slot))
         return out
 
-    def ready_slots(self, keys: Sequence[BlockKey]) -> list[int] | None:
-        """The slots of `keys` if every one is READY, else None. Takes no holds."""
-        get, state = self.get, self._state
-        slots = []
-        for key in keys:
-            slot = get(key)
-            if slot is None or state[slot] != READY:
-                return None
-            slots.append(slot)
-        return slots
-
     def scan_prefix(self, keys: Sequence[BlockKey]) -> tuple[int, int, int]:
         """The pool-only prefix scan: `(resident, leading, ready)` where `resident` is
         how many leading keys are resident (the scan stops at the first absent one),
@@ -206,6 +195,16 @@ class SlotTable:
             return
         keys = keys if type(keys) is list else list(keys)
         self._release_all(keys, list(map(self.get, keys)))
+
+    def release_held(self, keys: list[BlockKey], slots: list[int]) -> None:
+        """Drop one hold of each (key, slot) pair, in order: the slots their holds
+        were taken on (`hold_readable`)."""
+        if self.write_back:  # a last hold may evict a LEAVING block: one by one
+            release = self.release
+            for key, slot in zip(keys, slots, strict=True):
+                release(key, slot)
+            return
+        self._release_all(keys, cast("list[int | None]", slots))
 
     def _release_all(self, keys: list[BlockKey], slots: list[int | None]) -> None:
         """`release` for each (key, slot) pair with a slot, in order; no block is
