@@ -76,7 +76,8 @@ def serve(spec: dict[str, Any]) -> None:
     pool = PoolView.anonymous(n, bb)
     ctx = TierContext(pool, make_namespace("bench", bb), clock=monotonic, name="p2p")
     tier = P2PTier(ctx, {"host": host, "port": 0, "limits": {"max_pinned_share": 1.0},
-                         "data_plane": spec.get("plane", "zmq")})
+                         "data_plane": spec.get("plane", "zmq"),
+                         "transfer_streams": spec.get("streams", 2)})
     mgr = TieringOffloadingManager(n, LRUPolicy.for_slots(n), [tier])
     tier.serve_external_requests(mgr)
     keys = _keys(n)
@@ -139,7 +140,8 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
     ctx = TierContext(pool, make_namespace("bench", bb), clock=monotonic, name="p2p")
     plane = spec.get("plane", "zmq")
     tier = P2PTier(ctx, {"peers": [ends["p2p"]], "hit_ttl_s": 3600.0,
-                         "num_threads": spec.get("threads", 1), "data_plane": plane})
+                         "num_threads": spec.get("threads", 1), "data_plane": plane,
+                         "transfer_streams": spec.get("streams", 2)})
     keys = _keys(n)
     try:
         end = time.monotonic() + 60
@@ -157,19 +159,31 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
         # The server's slot of each key: the tier's load moves key i from there
         # into slot i, and so does the raw READ (the same bytes, the same places).
         pairs = list(zip(ends["slots"], range(n), strict=True))
+        if plane == "nixl":
+            # The raw baselines' own NIXL agents in this process (one, and one per
+            # stream), connected to the server's like the tier's: no tier code in
+            # their path. (Measured: the READ of the tier's first agent, between
+            # the tier's two-stream loads, ran 40-50% slower than the same READ
+            # on an agent of its own.)
+            from kvtiers_p2p.nixl_plane import NixlPlane
+
+            assert link.nixl_peer is not None
+            agent, desc = link.nixl_peer
+            single = NixlPlane(pool, "raw")
+            multi = NixlPlane(pool, "raw-streams", streams=streams) if streams > 1 else None
+            for base in (single, multi):
+                if base is not None:
+                    _connect(base, desc, streams)
         for run in range(runs + 1):  # the first of each is a warm-up
             if plane == "nixl":  # also the old baseline: slot s into slot s (merged)
-                assert tier.nixl is not None and link.nixl_peer is not None
-                agent, desc = link.nixl_peer
                 tc = time.perf_counter()
-                state = tier.nixl.read(agent, desc, [(s, s) for s in range(n)], 60.0)
+                state = single.read(agent, desc, [(s, s) for s in range(n)], 60.0)
                 assert state == "DONE", state
                 if run:
                     contig_s.append(time.perf_counter() - tc)
             t0 = time.perf_counter()
             if plane == "nixl":  # one READ of every block, key i into slot i
-                assert tier.nixl is not None
-                state = tier.nixl.read(agent, desc, pairs, 60.0)
+                state = single.read(agent, desc, pairs, 60.0)
                 assert state == "DONE", state
             else:
                 raw.send(b"go")
@@ -177,10 +191,9 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
                 for slot, frame in enumerate(frames):
                     pool.block(slot)[:] = frame.buffer
             t1 = time.perf_counter()
-            if plane == "nixl" and streams > 1:  # the same READ cut over the streams
-                assert tier.nixl is not None
+            if plane == "nixl" and multi is not None:  # the same READ cut over the streams
                 tp = time.perf_counter()
-                _parallel_read(tier.nixl, agent, desc, pairs, streams)
+                _parallel_read(multi, agent, desc, pairs, streams)
                 if run:
                     par_s.append(time.perf_counter() - tp)
                 t1 = time.perf_counter()
@@ -192,6 +205,10 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
             if run:
                 raw_s.append(t1 - t0)
                 p2p_s.append(t2 - t1)
+        if plane == "nixl":
+            single.close()
+            if multi is not None:
+                multi.close()
         # Lookup round trips through the real server.
         look = zctx.socket(zmq.DEALER)
         look.connect(ends["p2p"])
@@ -236,6 +253,17 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
     }
 
 
+def _connect(plane: Any, desc: Any, streams: int) -> None:
+    """Connect a baseline plane to the server's agent and wait until a READ on
+    each of its streams goes through (UCX sets connections up lazily)."""
+    remote = plane.connect(desc)
+    for stream in range(plane.streams):
+        end = time.monotonic() + 30
+        while plane.read(remote, desc, [(0, 0)], 5.0, stream) != "DONE":
+            assert time.monotonic() < end, "a baseline NIXL agent never reached the server"
+            time.sleep(0.05)
+
+
 def _parallel_read(plane: Any, agent: str, desc: Any, pairs: list[tuple[int, int]],
                    streams: int) -> None:
     """The raw READ of `pairs` cut into `streams` equal runs, each on a stream
@@ -270,6 +298,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=4,
                         help="the puller's num_threads (copier threads; the tier's default 4)")
+    parser.add_argument("--streams", type=int, default=2,
+                        help="the tiers' transfer_streams (NIXL READs at once; default 2)")
     parser.add_argument("--netns", action="store_true",
                         help="also measure across two network namespaces (needs root)")
     parser.add_argument("--planes", default="zmq,nixl",
@@ -304,7 +334,7 @@ def main() -> None:
         for bb, n in cases:
             spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": "127.0.0.1",
                     "lookups": 500 if args.quick else 2000, "plane": plane,
-                    "threads": args.threads}
+                    "threads": args.threads, "streams": args.streams}
             rows.append({"where": "loopback", **measure(spec, [])})
     if args.netns:
         sys.path.insert(0, str(ROOT))
@@ -314,7 +344,7 @@ def main() -> None:
             for plane, (bb, n) in ((p, c) for p in planes for c in cases):
                 spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": pair.addr_a,
                         "lookups": 500 if args.quick else 2000, "prefix": pair.prefix(pair.a),
-                        "plane": plane, "threads": args.threads}
+                        "plane": plane, "threads": args.threads, "streams": args.streams}
                 out = subprocess.run(
                     [*pair.prefix(pair.b), sys.executable, __file__, "--client",
                      json.dumps(spec)], capture_output=True, text=True, check=True,
@@ -336,7 +366,7 @@ def main() -> None:
     doc = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                       f"Python {platform.python_version()}",
            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": args.runs,
-           "threads": args.threads,
+           "threads": args.threads, "streams": args.streams,
            "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
