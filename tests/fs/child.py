@@ -162,6 +162,10 @@ def die_while_rotating(root: str, keys: list[bytes], block_bytes: int, ready: An
     generations.Journal.append = append  # type: ignore[method-assign]
     store_mod.ROTATE_FACTOR = 0
     ready.put(True)
+    # A Queue's put hands the item to a feeder thread: flush it to the pipe before
+    # the SIGKILL below, or the parent may never hear (it waited out its bound).
+    ready.close()
+    ready.join_thread()
     tier.stores[0]._rotate(0)
 
 

@@ -63,6 +63,7 @@ from kvtiers_p2p.protocol import (
     Welcome,
 )
 from kvtiers_p2p.security import CurveKeys
+from kvtiers_p2p.verdicts import mark_corrupt, outcomes_of
 
 __all__ = ["LinkDown", "LinkOptions", "PeerLink", "fetch_bounds"]
 
@@ -370,21 +371,15 @@ class PeerLink:
                               "keys); its keys fail", self.endpoint, len(done.states),
                               len(frames), n)
             return [FailureReason.IO] * n
-        present = State.PRESENT
-        out: list[Outcome] = [None if st == present else FailureReason.REJECTED
-                              if st == State.REFUSED else FailureReason.MISSING
-                              for st in done.states]
+        out = outcomes_of(done.states)
         if not shipped:
             return out
-        shipped_at = [i for i, st in enumerate(done.states) if st == present]
+        shipped_at = ([i for i, st in enumerate(done.states) if st == State.PRESENT]
+                      if shipped < n else range(n))
         # Copied into the slots and summed there, in one call (C, without the GIL).
         sums = land_slots(self._pool, [slots[i] for i in shipped_at],
                           [f.buffer for f in frames])
-        bad = 0
-        for i, have, want in zip(shipped_at, sums, done.checksums, strict=True):
-            if have != want:
-                out[i] = FailureReason.CORRUPT
-                bad += 1
+        bad = mark_corrupt(out, shipped_at, sums, done.checksums)
         if bad:
             self._log.warning("peer %s: %d block(s) failed verification; misses",
                               self.endpoint, bad)

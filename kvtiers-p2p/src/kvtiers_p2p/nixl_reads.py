@@ -40,6 +40,7 @@ from kvtiers.sdk.job import Outcome
 
 from kvtiers_p2p.nixl_plane import NixlPlane
 from kvtiers_p2p.protocol import DataPlane, State, TransferDone
+from kvtiers_p2p.verdicts import mark_corrupt, outcomes_of
 
 __all__ = ["Landing", "NixlReads"]
 
@@ -105,10 +106,7 @@ class NixlReads:
                               "for %d keys); its keys fail", self._endpoint,
                               len(states), len(done.source_slots), n)
             return [FailureReason.IO] * n
-        out: list[Outcome] = ([None] * n if every else
-                              [None if st == present else FailureReason.REJECTED
-                               if st == State.REFUSED else FailureReason.MISSING
-                               for st in states])
+        out = outcomes_of(states)
         if not shipped:
             return out
         loop = asyncio.get_running_loop()
@@ -191,15 +189,8 @@ class NixlReads:
     def _verify(self, r: _Read) -> None:
         """Check each landed block in its slot; settles `r` whatever happens (a
         slot the pool cannot give raises out of `read`, as a copy into it would)."""
-        out = r.out
-        bad = 0
         try:
-            got = checksum_slots(self._pool, r.ours)
-            if got != r.sums:
-                for i, have, want in zip(r.keys, got, r.sums, strict=True):
-                    if have != want:
-                        out[i] = FailureReason.CORRUPT
-                        bad += 1
+            bad = mark_corrupt(r.out, r.keys, checksum_slots(self._pool, r.ours), r.sums)
             if bad:
                 self._log.warning("peer %s: %d block(s) failed verification; misses",
                                   self._endpoint, bad)
