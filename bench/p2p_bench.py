@@ -30,6 +30,8 @@ raw and p2p interleaved within each run; MB/s = 10^6 bytes/s of block bytes move
   puller to READ; the puller lands and verifies each in its slot, says Landed),
   pipelined in fetches of up to 16 MiB (`kvtiers_p2p.client.fetch_bounds`: small
   first, larger, smaller again at the end), moved on the tier's transfer streams;
+  with `--jobs K`, the same blocks as K load jobs submitted at once (what an engine
+  loading several requests does: their fetches overlap);
 - lookup RTT: one key per Lookup through the real server (handshake once), p50/p99;
 - p2p/raw: the ratio of the medians; per-run: the median of each run's ratio.
 """
@@ -195,11 +197,17 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
                 if run:
                     par_s.append(time.perf_counter() - tp)
             t1 = time.perf_counter()
-            tier.submit_load(TransferJob(run + 1, keys, list(range(n))))
+            jobs = spec.get("jobs", 1)  # the load as that many jobs submitted together
+            per = -(-n // jobs)
+            for j, first in enumerate(range(0, n, per)):
+                tier.submit_load(TransferJob((run + 1) * 1000 + j, keys[first:first + per],
+                                             list(range(first, min(n, first + per)))))
             assert tier.drain(120)
-            [result] = tier.get_finished_jobs()
+            results = tier.get_finished_jobs()
             t2 = time.perf_counter()
-            assert result.success, result.reasons()
+            assert len(results) == -(-n // per), results
+            for result in results:
+                assert result.success, result.reasons()
             if run:
                 raw_s.append(raw_t)
                 p2p_s.append(t2 - t1)
@@ -296,6 +304,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=4,
                         help="the puller's num_threads (copier threads; the tier's default 4)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="the tier's load as that many jobs submitted together "
+                             "(an engine loading several requests at once; default 1)")
     parser.add_argument("--streams", type=int, default=2,
                         help="the tiers' transfer_streams (NIXL READs at once; default 2)")
     parser.add_argument("--netns", action="store_true",
@@ -322,6 +333,9 @@ def main() -> None:
     counts = {32: 2048, 2048: 64}
     if args.job_mib < 0:
         parser.error(f"--job-mib must be positive, got {args.job_mib}")
+    if args.jobs < 1 or args.streams < 1:
+        parser.error(f"--jobs and --streams must be at least 1, got {args.jobs}, "
+                     f"{args.streams}")
     cases = [(kib << 10, max(1, (args.job_mib << 20) // (kib << 10)) if args.job_mib else
               counts.get(kib, max(1, (64 << 20) // (kib << 10))) // scale)
              for kib in map(int, args.sizes.split(","))]
@@ -332,7 +346,7 @@ def main() -> None:
         for bb, n in cases:
             spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": "127.0.0.1",
                     "lookups": 500 if args.quick else 2000, "plane": plane,
-                    "threads": args.threads, "streams": args.streams}
+                    "threads": args.threads, "streams": args.streams, "jobs": args.jobs}
             rows.append({"where": "loopback", **measure(spec, [])})
     if args.netns:
         sys.path.insert(0, str(ROOT))
@@ -342,7 +356,8 @@ def main() -> None:
             for plane, (bb, n) in ((p, c) for p in planes for c in cases):
                 spec = {"n": n, "block_bytes": bb, "runs": args.runs, "host": pair.addr_a,
                         "lookups": 500 if args.quick else 2000, "prefix": pair.prefix(pair.a),
-                        "plane": plane, "threads": args.threads, "streams": args.streams}
+                        "plane": plane, "threads": args.threads, "streams": args.streams,
+                        "jobs": args.jobs}
                 out = subprocess.run(
                     [*pair.prefix(pair.b), sys.executable, __file__, "--client",
                      json.dumps(spec)], capture_output=True, text=True, check=True,
@@ -364,7 +379,7 @@ def main() -> None:
     doc = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                       f"Python {platform.python_version()}",
            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": args.runs,
-           "threads": args.threads, "streams": args.streams,
+           "threads": args.threads, "streams": args.streams, "jobs": args.jobs,
            "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -120,6 +120,27 @@ def test_a_deferred_cascade_whose_block_was_evicted_is_dropped_and_counted():
         assert rig.tier.data[key(i)] == bytes(rig.pool.block(rig.slots.get(key(i))))
 
 
+def test_a_block_deferred_twice_in_one_slot_is_copied_once():
+    """bug: a deferred copy holds no pin, so its block can be evicted and stored
+    again into the same slot, deferred again; both entries then passed the
+    "still in its slot" check and went into one cascade job, whose TransferJob
+    refused the repeated key with a ValueError out of `step()` (kvtiers bench
+    died with "a key appears more than once")."""
+    rig = Rig(num_slots=3, queue_limit=2, hold=True)
+    rig.store(1, 2)  # queued, pinned
+    (slot,) = rig.store(3)  # deferred
+    rig.traffic.step()  # 1 and 2 in flight
+    assert rig.store(4) == [slot]  # 3 evicted: 4 in its slot, deferred
+    assert rig.store(3) == [slot]  # 4 evicted: 3 back in that slot, deferred again
+    assert [k for k, _ in rig.rt.deferred] == [key(3), key(4), key(3)]
+    while not rig.traffic.idle():
+        rig.tier.release()
+        rig.traffic.step()
+    assert rig.tier.data[key(3)] == bytes(rig.pool.block(slot))
+    assert rig.rt.counters.cascaded_blocks == 3 and rig.slots.pinned == 0
+    assert rig.rt.counters.cascades_dropped == 2  # 4 (evicted), the second 3
+
+
 def test_dropping_the_queue_drops_deferred_cascades_too():
     rig = Rig(queue_limit=2)
     rig.store(1, 2, 3)

@@ -367,6 +367,9 @@ class TierTraffic:
             room = self._max_inflight - rt.inflight_cascade_blocks - rt.stuck_blocks
             n = min(len(queue), self._max_job, room)
             chunk = [queue.popleft() for _ in range(n)]
+            if len({key for key, _ in chunk}) < n:
+                chunk = self._once_each(rt, chunk)
+                n = len(chunk)
             job = self._new_job("cascade", rt, chunk)
             rt.inflight_cascade_blocks += n
             try:
@@ -380,6 +383,23 @@ class TierTraffic:
                 for key, slot in chunk:
                     self._slots.release(key, slot)
                 return
+
+    def _once_each(self, rt: TierRuntime,
+                   chunk: list[tuple[BlockKey, int]]) -> list[tuple[BlockKey, int]]:
+        """`chunk` with each key once: a deferred copy holds no pin, so its block
+        can leave and come back to the same slot and be deferred again - both
+        copies are of the same bytes. The repeat's hold goes; it counts as
+        dropped."""
+        seen: set[BlockKey] = set()
+        once = []
+        for key, slot in chunk:
+            if key in seen:
+                self._slots.release(key, slot)
+                rt.counters.cascades_dropped += 1
+            else:
+                seen.add(key)
+                once.append((key, slot))
+        return once
 
     def _new_job(
         self, kind: str, rt: TierRuntime, items: list[tuple[BlockKey, int]]
