@@ -82,13 +82,6 @@ class NixlReads:
         self._queue: list[_Read] = []
         self._idle = list(range(plane.streams))  # streams no pump is moving on
 
-    async def read(self, remote: tuple[str, DataPlane], done: TransferDone,
-                   slots: Sequence[int], timeout: float) -> list[Outcome]:
-        """Land the blocks `done` shipped into `slots` (one per key of the fetch)
-        and verify them: one outcome per key (None: landed and verified), within
-        `timeout`. Loop thread. (`start`, then `finish`.)"""
-        return await self.finish(self.start(remote, done, slots, timeout))
-
     def start(self, remote: tuple[str, DataPlane], done: TransferDone,
               slots: Sequence[int], timeout: float) -> Landing:
         """Queue the READ of what `done` shipped into `slots`, at once (the loop

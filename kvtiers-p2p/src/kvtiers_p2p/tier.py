@@ -446,13 +446,14 @@ class P2PTier(SecondaryTier):
         keys, slots = job.keys, job.slots
         timeout = self._timeout(job)
         groups = list(by_link.items())
-        everything = len(groups) == 1 and groups[0][1] == list(range(len(keys)))
+        alone = len(groups) == 1 and groups[0][1] == list(indices)  # one link, every key
+        everything = alone and len(indices) == len(keys) and (  # the whole job, in order
+            groups[0][1] == list(range(len(keys))))
         results = await asyncio.gather(*(
             link.fetch(keys, slots, timeout) if everything else
             link.fetch([keys[i] for i in idx], [slots[i] for i in idx], timeout)
             for link, idx in groups))
-        if len(groups) == 1 and groups[0][1] == list(indices) and (
-                results[0].count(None) == len(results[0])):
+        if alone and results[0].count(None) == len(results[0]):
             return list(results[0])  # every key landed: nothing to remember
         out: dict[int, Outcome] = dict.fromkeys(indices, FailureReason.MISSING)
         for (_, idx), outcomes in zip(groups, results, strict=True):
