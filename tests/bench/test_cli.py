@@ -20,9 +20,9 @@ def _load(path: Path) -> dict[str, Any]:
     return doc
 
 
-def test_json_has_per_tier_hits_misses_bytes_and_throughput(tmp_path: Path) -> None:
-    root = tmp_path / "fs"
-    root.mkdir()
+def test_json_has_per_tier_hits_misses_bytes_and_throughput(tmp_path: Path,
+                                                             ram_dir: Path) -> None:
+    root = ram_dir  # fs hits wanted: see `ram_dir`
     config = write_config(
         tmp_path / "c.json",
         {

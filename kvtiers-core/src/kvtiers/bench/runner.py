@@ -140,6 +140,7 @@ class Replay:
                 break
         self._drain()
         wall = perf() - t0
+        self._settle()
         self._sample(perf())
         self._report_progress()
         return RunResult(
@@ -371,6 +372,16 @@ class Replay:
         self._wait_for(list(self._jobs))
         if self.mgr is not None:
             self._step()
+
+    def _settle(self) -> None:
+        """After the clock stops: let the tiers finish the copies the run queued
+        (at most `max_wait_s`), so that the figures count every copy the run sent
+        down, not only those that beat its last request - a tier can lag a short
+        run by all of it (a disk busy writing back stalls page-cache writes for
+        seconds)."""
+        if self.mgr is not None:
+            self.mgr.drain(timeout=self.max_wait_s)
+            self._absorb(self.mgr.take_events())
 
     # ------------------------------------------------------------------ steps
 
