@@ -409,12 +409,15 @@ class P2PTier(SecondaryTier):
             named = [None if failing(keys[i]) else holder(keys[i]) for i in indices]
         else:
             named = [None] * len(indices)
-            order = list(indices)
-            mine = keys if order == list(range(len(keys))) else [keys[i] for i in order]
+            # (`range` equality is O(1): the engine hands a whole job as one range)
+            whole = indices == range(len(keys)) if isinstance(indices, range) else False
+            mine = keys if whole else [keys[i] for i in indices]
             links = list(map(self._where.get, mine, itertools.repeat(eager)))
             if links and links[0] is not None and links.count(links[0]) == len(links):
                 # The common case: every key placed, all at one peer.
-                return await self._fetch_from({links[0]: order}, job, order, set(), eager)
+                order = indices if whole else list(indices)
+                return await self._fetch_from({links[0]: order}, job, order, set(), eager,
+                                              whole=whole)
         where = self._where
         if eager is None:
             # A key no probe placed (a load with no lookup before it, or a verdict
@@ -437,18 +440,19 @@ class P2PTier(SecondaryTier):
                     group.append(i)
         return await self._fetch_from(by_link, job, indices, unprobed, eager)
 
-    async def _fetch_from(self, by_link: dict[PeerLink, list[int]], job: Job,
+    async def _fetch_from(self, by_link: Mapping[PeerLink, Sequence[int]], job: Job,
                           indices: Sequence[int], unprobed: set[int],
-                          eager: PeerLink | None) -> list[Outcome]:
+                          eager: PeerLink | None, *, whole: bool = False) -> list[Outcome]:
         """Pull each link's keys (indices into the job) from it: the outcome of
         each of `indices` (MISSING where no link has it), and what a miss does to
-        the probe's verdicts and the prefiller's failures."""
+        the probe's verdicts and the prefiller's failures. `whole`: the caller knows
+        `by_link` is one link with every key of the job, in order."""
         keys, slots = job.keys, job.slots
         timeout = self._timeout(job)
         groups = list(by_link.items())
-        alone = len(groups) == 1 and groups[0][1] == list(indices)  # one link, every key
-        everything = alone and len(indices) == len(keys) and (  # the whole job, in order
-            groups[0][1] == list(range(len(keys))))
+        alone = whole or len(groups) == 1 and list(groups[0][1]) == list(indices)
+        everything = whole or alone and len(indices) == len(keys) and (  # the whole job
+            list(groups[0][1]) == list(range(len(keys))))
         results = await asyncio.gather(*(
             link.fetch(keys, slots, timeout) if everything else
             link.fetch([keys[i] for i in idx], [slots[i] for i in idx], timeout)
