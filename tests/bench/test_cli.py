@@ -113,6 +113,24 @@ def test_corruption_behind_a_tiers_back_becomes_misses_counted_as_corrupt(tmp_pa
     assert "corrupt: " in done.stdout
 
 
+def test_copies_a_tier_finishes_after_the_last_request_are_counted_and_said(
+        tmp_path: Path) -> None:
+    """A tier slower than the run (every store held 1.5 s): the report says how long
+    the wait for its last copies took, and the JSON counts them."""
+    lagging = {"type": "faulty", "latency_s": 1.5, "ops": ["store"],
+               "inner": {"type": "memory", "capacity_bytes": 64 << 20}}
+    config = write_config(tmp_path / "c.json",
+                          {"cpu_bytes_to_use": small_pool(), "secondary_tiers": [lagging]})
+    out = tmp_path / "out.json"
+    done = kvtiers("bench", "--config", config, *TINY, "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "after the last request the tiers took" in done.stdout
+    run = _load(out)["result"]
+    assert run["settle"]["finished"] and run["settle"]["seconds"] > 0.5
+    faulty = run["tiers"]["faulty"]
+    assert faulty["bytes_written"] == faulty["cascaded_blocks"] * 8192 > 0
+
+
 def test_wrong_bytes_reaching_the_gpu_fail_the_run(tmp_path: Path) -> None:
     # corrupt_detected: false -> the faulty tier reports the flipped blocks as good.
     out = tmp_path / "out.json"

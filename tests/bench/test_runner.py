@@ -70,6 +70,22 @@ def test_the_figures_count_every_copy_the_run_queued_however_late_the_tier() -> 
     assert tier["cascaded_blocks"] > 0
     assert tier["bytes_written"] == tier["cascaded_blocks"] * stack.kv.content.block_bytes
     assert result.tiers()["faulty"]["bytes_written"] == tier["bytes_written"]
+    assert result.settled and result.settle_s > 0
+    assert result.as_dict()["settle"] == {"seconds": result.settle_s, "finished": True}
+
+
+def test_a_tier_that_never_finishes_ends_the_wait_with_settled_false() -> None:
+    """Stores that hang: the run still ends, after `max_wait_s`, and says its
+    figures miss what was in flight."""
+    hanging = {"type": "faulty", "hang_rate": 1.0, "ops": ["store"],
+               "inner": {"type": "memory", "capacity_bytes": 16 << 20}}
+    stack = _stack([hanging], slots=24)
+    try:
+        result = Replay(stack, SPEC, label="t", max_wait_s=0.6).run()
+    finally:
+        stack.close()
+    assert not result.settled and result.settle_s >= 0.6
+    assert result.counters.requests == SPEC.requests
 
 
 def test_no_offloading_recomputes_everything() -> None:

@@ -166,6 +166,21 @@ def print_run(console: Console, run: RunResult, header: Sequence[str] = ()) -> N
         highlight=False,
         soft_wrap=True,
     )
+    settle = d["settle"]
+    if not settle["finished"]:
+        console.print(
+            f"warning: after the last request the tiers did not finish the "
+            f"copies the run queued within {settle['seconds']:.0f} s; the figures leave "
+            "out what was still in flight",
+            soft_wrap=True,
+        )
+    elif settle["seconds"] >= 0.5:
+        console.print(
+            f"after the last request the tiers took {settle['seconds']:.1f} s to finish "
+            "the copies the run queued (counted in the figures, not in the run's time)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if wt["n"]:
         console.print(
             f"requests that waited (a prompt block was being stored or promoted, or a tier's "

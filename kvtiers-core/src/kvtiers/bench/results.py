@@ -109,6 +109,10 @@ class RunResult:
     samples: list[Sample]
     stand_in: dict[str, Any]
     started_at: float = field(default_factory=time.time)
+    #: after the last request: seconds the tiers took to finish what the run queued,
+    #: and whether they did (False: the figures miss what was still in flight)
+    settle_s: float = 0.0
+    settled: bool = True
 
     # ---------------------------------------------------------------- derived
 
@@ -239,6 +243,7 @@ class RunResult:
         return {
             "label": self.label,
             "wall_s": self.wall_s,
+            "settle": {"seconds": self.settle_s, "finished": self.settled},
             "requests": c.requests,
             "requests_per_s": c.requests / self.wall_s if self.wall_s else 0.0,
             "prompt_tokens": c.prompt_tokens,

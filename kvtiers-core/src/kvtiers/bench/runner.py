@@ -48,6 +48,9 @@ ProgressFn = Callable[[int, float, "Counters"], None]
 # at this interval (an engine would be running forward passes meanwhile); shorter
 # only burns the CPU the tiers' threads need.
 IDLE_STEP_S = 0.002
+# After the last request, how often the wait for the tiers' last copies updates
+# the progress bar.
+SETTLE_STEP_S = 0.25
 
 
 @dataclass(eq=False)
@@ -140,7 +143,8 @@ class Replay:
                 break
         self._drain()
         wall = perf() - t0
-        self._settle()
+        settled = self._settle()
+        settle_s = perf() - t0 - wall
         self._sample(perf())
         self._report_progress()
         return RunResult(
@@ -159,6 +163,8 @@ class Replay:
                 "pages": self.kv.num_pages,
                 "bytes": self.kv.nbytes,
             },
+            settle_s=settle_s,
+            settled=settled,
         )
 
     # ------------------------------------------------------------------ requests
@@ -373,15 +379,23 @@ class Replay:
         if self.mgr is not None:
             self._step()
 
-    def _settle(self) -> None:
+    def _settle(self) -> bool:
         """After the clock stops: let the tiers finish the copies the run queued
-        (at most `max_wait_s`), so that the figures count every copy the run sent
-        down, not only those that beat its last request - a tier can lag a short
-        run by all of it (a disk busy writing back stalls page-cache writes for
-        seconds)."""
-        if self.mgr is not None:
-            self.mgr.drain(timeout=self.max_wait_s)
+        (at most `max_wait_s`; the progress bar's clock goes on meanwhile), so that
+        the figures count every copy the run sent down, not only those that beat
+        its last request - a tier can lag a short run by all of it (a disk busy
+        writing back stalls O_DIRECT writes for seconds). False when they did not
+        finish in time."""
+        if self.mgr is None:
+            return True
+        end = time.perf_counter() + self.max_wait_s
+        done = False
+        while not done and time.perf_counter() < end:
+            done = self.mgr.drain(timeout=min(SETTLE_STEP_S, end - time.perf_counter()))
+            done = done or self.mgr.idle()
             self._absorb(self.mgr.take_events())
+            self._report_progress()
+        return done
 
     # ------------------------------------------------------------------ steps
 
