@@ -62,12 +62,15 @@ def test_the_window_ages_out_old_first_offers() -> None:
     readmitted = sum(policy.admit(k) for k in old)
     assert readmitted <= 0.02 * window, "first offers older than two windows are forgotten"
     # One window later still remembered: a second offer within the window is admitted.
+    # (Of the keys whose first offer was refused - remembered: a false positive,
+    # admitted at once, sets no bits of its own, and the bits it met may age out.
+    # The probes come from the per-process `hash`, so which keys those are varies.)
     recent = keys(window // 2, rng)
-    for k in recent:
-        policy.admit(k)
+    first = [policy.admit(k) for k in recent]
+    assert first.count(True) <= 0.02 * len(recent)
     for k in keys(window // 2, rng):
         policy.admit(k)
-    assert all(policy.admit(k) for k in recent)
+    assert all(policy.admit(k) for k, early in zip(recent, first, strict=True) if not early)
 
 
 def test_memory_is_bounded_whatever_the_keys() -> None:
