@@ -410,7 +410,7 @@ class P2PTier(SecondaryTier):
         else:
             named = [None] * len(indices)
             # (`range` equality is O(1): the engine hands a whole job as one range)
-            whole = indices == range(len(keys)) if isinstance(indices, range) else False
+            whole = isinstance(indices, range) and indices == range(len(keys))
             mine = keys if whole else [keys[i] for i in indices]
             links = list(map(self._where.get, mine, itertools.repeat(eager)))
             if links and links[0] is not None and links.count(links[0]) == len(links):
@@ -450,9 +450,10 @@ class P2PTier(SecondaryTier):
         keys, slots = job.keys, job.slots
         timeout = self._timeout(job)
         groups = list(by_link.items())
-        alone = whole or len(groups) == 1 and list(groups[0][1]) == list(indices)
+        # (without `whole`, every group is a list)
+        alone = whole or len(groups) == 1 and groups[0][1] == list(indices)
         everything = whole or alone and len(indices) == len(keys) and (  # the whole job
-            list(groups[0][1]) == list(range(len(keys))))
+            groups[0][1] == list(range(len(keys))))
         results = await asyncio.gather(*(
             link.fetch(keys, slots, timeout) if everything else
             link.fetch([keys[i] for i in idx], [slots[i] for i in idx], timeout)

@@ -392,7 +392,6 @@ class Replay:
         done = False
         while not done and time.perf_counter() < end:
             done = self.mgr.drain(timeout=min(SETTLE_STEP_S, end - time.perf_counter()))
-            done = done or self.mgr.idle()
             self._absorb(self.mgr.take_events())
             self._report_progress()
         return done
