@@ -102,25 +102,41 @@ def die_half_way(root: str, keys: list[bytes], block_bytes: int, ready: Any) -> 
 def stop_while_writing(root: str, keys: list[bytes], block_bytes: int, log_path: str,
                        ready: Any) -> None:
     """Store `keys` (one job), stopping this whole process with SIGSTOP as soon as
-    the temporary file of the first block is created (before a byte is written);
-    after a SIGCONT, finish, log the keys reported ok (as `writer` does) and exit."""
+    the temporary file of keys[0] is created (before a byte of it is written), with
+    no other block of the job written yet; after a SIGCONT, finish, log the keys
+    reported ok (as `writer` does) and exit."""
     import signal
+    import threading
 
     import kvtiers_fs.blockio as blockio
 
-    real = blockio._pwritev_all
-    stopped = []
+    real_pwritev, real_write = blockio._pwritev_all, blockio.BlockIO.write
+    first = keys[0]
+    resumed = threading.Event()
+    writing_first = threading.local()
 
     def stop_then_write(fd: int, buffers: Any, offset: int) -> None:
-        if not stopped:
-            stopped.append(True)
+        if getattr(writing_first, "on", False) and not resumed.is_set():
             os.kill(os.getpid(), signal.SIGSTOP)
-        real(fd, buffers, offset)
+            resumed.set()
+        real_pwritev(fd, buffers, offset)
+
+    def write_in_order(io: Any, shard_fd: int, idn: bytes, key: bytes, *args: Any,
+                       **kw: Any) -> None:
+        # The pool's idle load thread takes store work too: whichever thread writes
+        # which key, the other keys wait until keys[0]'s write has been stopped.
+        if key != first:
+            resumed.wait()
+            return real_write(io, shard_fd, idn, key, *args, **kw)
+        writing_first.on = True
+        try:
+            return real_write(io, shard_fd, idn, key, *args, **kw)
+        finally:
+            writing_first.on = False
 
     blockio._pwritev_all = stop_then_write  # type: ignore[assignment]
+    blockio.BlockIO.write = write_in_order  # type: ignore[method-assign]
     ctx = context(block_bytes, 8, clock=time.monotonic)
-    # One store thread: the job's blocks are written one after the other, so the
-    # stop comes before any other block of the job is written.
     tier = open_tier(ctx, root, 100, threads={"load": 1, "store": 1})
     ready.set()  # an Event: a queue's message could still sit in its feeder thread here
     for slot, key in enumerate(keys):
