@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kvtiers.integrity import checksum
 from kvtiers.jobs import FailureReason
 from kvtiers.lookup import LookupResult
-from kvtiers_p2p.client import fetch_bounds
+from kvtiers_p2p.client import fetch_bounds, nixl_fetch_bounds
 from kvtiers_p2p.codec import decode_client, encode
 from kvtiers_p2p.protocol import (
     DataPlane,
@@ -206,6 +206,22 @@ def test_a_load_is_cut_into_fetches_that_cover_it_once(n: int, chunk: int) -> No
     if sizes:
         assert sizes[0] == (n if n < 2 * floor else floor)
         assert all(s >= min(floor, n) for s in sizes[:-1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 20000), st.integers(1, 4096), st.integers(1, 5000))
+def test_a_nixl_load_is_a_short_first_fetch_then_fetches_of_the_pin_budget(
+        n: int, max_fetch: int, first: int) -> None:
+    """`nixl_fetch_bounds`: every block in exactly one fetch, in order; none over
+    the server's pin budget; the first `first` blocks (at most the budget) alone,
+    then every fetch but the last of the whole budget."""
+    bounds = nixl_fetch_bounds(n, max_fetch, first)
+    sizes = [b - a for a, b in itertools.pairwise(bounds)]
+    assert bounds[0] == 0 and bounds[-1] == n and all(s > 0 for s in sizes)
+    assert all(s <= max_fetch for s in sizes)
+    head = min(first, max_fetch)
+    assert sizes[0] == min(head, n)
+    assert all(s == max_fetch for s in sizes[1:-1])
 
 
 def test_a_load_of_a_few_chunks_ramps_up_then_shrinks_at_its_end() -> None:

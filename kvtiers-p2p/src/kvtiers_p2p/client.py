@@ -65,7 +65,7 @@ from kvtiers_p2p.protocol import (
 from kvtiers_p2p.security import CurveKeys
 from kvtiers_p2p.verdicts import mark_corrupt, outcomes_of
 
-__all__ = ["LinkDown", "LinkOptions", "PeerLink", "fetch_bounds"]
+__all__ = ["LinkDown", "LinkOptions", "PeerLink", "fetch_bounds", "nixl_fetch_bounds"]
 
 
 #: what `asyncio.wait_for` raises: the builtin TimeoutError from 3.11, its own
@@ -127,6 +127,18 @@ def fetch_bounds(n: int, chunk: int) -> list[int]:
         bounds.append(bounds[-1] + size)
         size = min(chunk, size * 2)
     return bounds
+
+
+def nixl_fetch_bounds(n: int, max_fetch: int, first: int) -> list[int]:
+    """Where a NIXL load of `n` blocks (more than one fetch's chunk) is cut: a
+    first fetch of `first` blocks (a piece for each transfer stream, so that every
+    stream starts after one short round trip), then the rest in fetches of up to
+    `max_fetch` (the server pins each in one call; this side cuts their READs into
+    pieces itself, so fewer, larger fetches cost both sides less)."""
+    first = max(1, min(first, max_fetch))
+    if first >= n:
+        return [0, n]
+    return [0, *range(first, n, max_fetch), n]
 
 
 class PeerLink:
@@ -219,9 +231,11 @@ class PeerLink:
         """Pull `keys` into `slots` of the pool; one outcome per key, within one
         `timeout` in all. Up to `chunk_bytes` (and the server's `max_fetch`, its
         pin budget for this peer): one fetch, every block pinned until the load
-        ends. More: pipelined, cut by `fetch_bounds` into fetches in flight
-        together (the server pins and ships one while this side lands the one
-        before), never more blocks at once on this link than `max_fetch`."""
+        ends. More: pipelined, fetches in flight together (the server pins and
+        ships one while this side lands the one before), never more blocks at
+        once on this link than `max_fetch` - cut by `nixl_fetch_bounds` on the
+        NIXL plane (its READs are cut into pieces this side), by `fetch_bounds`
+        on ZeroMQ frames."""
         n = len(keys)
         chunk = max(1, min(self.max_fetch,
                            self._opt.chunk_bytes // max(self._pool.block_bytes, 1)))
@@ -236,7 +250,10 @@ class PeerLink:
                 return await self._fetch(keys[first:first + size], slots[first:first + size],
                                          end - loop.time())
 
-        bounds = fetch_bounds(n, chunk)
+        if self._reads is not None and self._remote is not None:
+            bounds = nixl_fetch_bounds(n, self.max_fetch, self._reads.first_fetch)
+        else:
+            bounds = fetch_bounds(n, chunk)
         # Every part ends before this returns (or raises the first part's error):
         # nothing of this load may touch its slots after it.
         parts = await asyncio.gather(*(part(a, b - a)

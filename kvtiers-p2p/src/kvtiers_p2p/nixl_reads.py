@@ -28,6 +28,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ __all__ = ["Landing", "NixlReads"]
 class _Read:
     """One fetch's READ: the server's slots and ours (one pair per block), the
     index of each block's key in the fetch, the checksums, and where its
-    outcomes go."""
+    outcomes go; moved in `pieces` (`_Piece`), `left` of them not settled yet."""
 
     remote: tuple[str, DataPlane]
     theirs: Sequence[int]
@@ -60,12 +61,34 @@ class _Read:
     deadline: float  # time.monotonic()
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[list[Outcome]]
-    taken: bool = field(default=False)
+    left: int = field(default=0)
     error: BaseException | None = field(default=None)
+
+
+@dataclass(slots=True)
+class _Piece:
+    """Blocks [lo, hi) of a fetch's READ: one transfer request, verified by
+    whoever moved it. `taken`: a pump holds it (it touches those slots)."""
+
+    read: _Read
+    lo: int
+    hi: int
+    taken: bool = field(default=False)
 
 
 #: what `NixlReads.start` gives `finish`: the READ queued, or the outcomes already
 Landing: TypeAlias = "_Read | list[Outcome]"
+
+
+#: bytes of a READ's pieces (`piece_blocks`): smaller READs cost more per byte
+#: (a transfer request's set-up; 256 KiB ones moved at 0.6 of 2 MiB ones here),
+#: larger ones verify colder (the bytes no longer in cache) and end unevenly
+PIECE_BYTES = 4 << 20
+
+
+def piece_blocks(block_bytes: int) -> int:
+    """Blocks per piece of a READ: `PIECE_BYTES` of them, at least one."""
+    return max(1, PIECE_BYTES // max(block_bytes, 1))
 
 
 class NixlReads:
@@ -79,14 +102,18 @@ class NixlReads:
         self._endpoint = endpoint
         self._log = logger
         self._lock = threading.Lock()
-        self._queue: list[_Read] = []
+        self._queue: deque[_Piece] = deque()
         self._idle = list(range(plane.streams))  # streams no pump is moving on
+        self._piece = piece_blocks(pool.block_bytes)
+        #: blocks of a pipelined load's first fetch: a piece for every stream
+        self.first_fetch = self._piece * plane.streams
 
     def start(self, remote: tuple[str, DataPlane], done: TransferDone,
               slots: Sequence[int], timeout: float) -> Landing:
         """Queue the READ of what `done` shipped into `slots`, at once (the loop
-        thread, as the reply is read: no turn of the loop in between); what
-        `finish` takes - the outcomes already when there is nothing to read."""
+        thread, as the reply is read: no turn of the loop in between), cut into
+        pieces that every idle stream starts on; what `finish` takes - the
+        outcomes already when there is nothing to read."""
         n = len(slots)
         states, present = done.states, State.PRESENT
         every = states.count(present) == n  # the common case: C-speed checks only
@@ -106,23 +133,30 @@ class NixlReads:
         item = _Read(remote, done.source_slots, slots if every else [slots[i] for i in shipped],
                      shipped, done.checksums, out, time.monotonic() + timeout, loop,
                      loop.create_future())
+        m, step = len(shipped), self._piece
+        pieces = [_Piece(item, lo, min(lo + step, m)) for lo in range(0, m, step)]
+        item.left = len(pieces)
         with self._lock:
-            self._queue.append(item)
-            stream = self._idle.pop() if self._idle else None
-        if stream is not None:
+            self._queue.extend(pieces)
+            streams = self._idle[:len(pieces)]
+            del self._idle[:len(streams)]
+        for i, stream in enumerate(streams):
             try:
                 self._executor.submit(self._pump, stream)
             except RuntimeError:  # the executor is shut down: nothing will read
                 with self._lock:
-                    self._idle.append(stream)
-                    self._queue.remove(item)
-                return [FailureReason.IO if o is None else o for o in out]
+                    self._idle.extend(streams[i:])
+                    if i == 0:  # no pump runs: nothing of this fetch was taken
+                        for piece in pieces:
+                            self._queue.remove(piece)
+                        return [FailureReason.IO if o is None else o for o in out]
+                break  # a pump runs: it moves every piece
         return item
 
     async def finish(self, landing: Landing) -> list[Outcome]:
         """The outcomes of a READ `start` queued, once its blocks are verified (or
         it failed). Cancelled, it returns only once no thread touches the slots
-        (a READ not begun yet is taken out of the queue instead)."""
+        (pieces not begun yet are taken out of the queue instead)."""
         if isinstance(landing, list):
             return landing
         try:
@@ -132,16 +166,19 @@ class NixlReads:
             raise
 
     async def abandon(self, landing: Landing) -> None:
-        """Nobody waits for this READ any more: take it out of the queue, or wait
-        until the thread moving it let go of its slots."""
+        """Nobody waits for this READ any more: take its pieces out of the queue,
+        and wait until the threads moving the others let go of their slots."""
         if isinstance(landing, list):
             return
         with self._lock:
-            queued = not landing.taken
-            if queued:
-                self._queue.remove(landing)
-        if not queued:
-            await asyncio.wait([landing.future])
+            mine = [p for p in self._queue if p.read is landing]
+            for piece in mine:
+                self._queue.remove(piece)
+            landing.left -= len(mine)
+            settled = landing.left == 0
+        if settled:
+            self._resolve(landing)
+        await asyncio.wait([landing.future])
 
     # Copier threads.
 
@@ -151,51 +188,70 @@ class NixlReads:
                 if not self._queue:
                     self._idle.append(stream)
                     return
-                r = self._queue.pop(0)
-                r.taken = True
+                piece = self._queue.popleft()
+                piece.taken = True
             try:
-                self._move(r, stream)
+                self._move(piece, stream)
             except Exception:  # noqa: BLE001 - every read must settle
                 self._log.exception("peer %s: a NIXL read failed", self._endpoint)
-                self._settle(r, FailureReason.IO)
+                self._settle(piece, FailureReason.IO)
 
-    def _move(self, r: _Read, stream: int) -> None:
-        """One fetch's READ (one transfer request) on `stream`; then its blocks
-        are verified on another copier thread while the pump goes on with the next
-        READ."""
-        name, plane = r.remote
-        state = self._plane.read_slots(name, r.theirs, r.ours,
-                                       max(r.deadline - time.monotonic(), 0.1), stream)
+    def _move(self, piece: _Piece, stream: int) -> None:
+        """One piece's READ (one transfer request) on `stream`; then its blocks are
+        verified - by this pump with several streams, else on another copier
+        thread while the pump goes on with the next piece."""
+        r, lo, hi = piece.read, piece.lo, piece.hi
+        whole = lo == 0 and hi == len(r.ours)
+        state = self._plane.read_slots(
+            r.remote[0], r.theirs if whole else r.theirs[lo:hi],
+            r.ours if whole else r.ours[lo:hi],
+            max(r.deadline - time.monotonic(), 0.1), stream)
         if state != "DONE":
             self._log.warning("peer %s: a NIXL read ended %s; its keys fail", self._endpoint,
                               state)
-            self._settle(r, FailureReason.TIMEOUT if state == "TIMEOUT" else FailureReason.IO)
+            self._settle(piece, FailureReason.TIMEOUT if state == "TIMEOUT"
+                         else FailureReason.IO)
             return
         if self._plane.streams > 1:  # each stream verifies what it moved
-            self._verify(r)
+            self._verify(piece)
             return
         try:
-            self._executor.submit(self._verify, r)
+            self._executor.submit(self._verify, piece)
         except RuntimeError:  # shutting down: verify here
-            self._verify(r)
+            self._verify(piece)
 
-    def _verify(self, r: _Read) -> None:
-        """Check each landed block in its slot; settles `r` whatever happens (a
-        slot the pool cannot give raises out of `read`, as a copy into it would)."""
+    def _verify(self, piece: _Piece) -> None:
+        """Check each landed block of `piece` in its slot; settles it whatever
+        happens (a slot the pool cannot give raises out of `read`, as a copy into
+        it would)."""
+        r, lo, hi = piece.read, piece.lo, piece.hi
+        whole = lo == 0 and hi == len(r.ours)
         try:
-            bad = mark_corrupt(r.out, r.keys, checksum_slots(self._pool, r.ours), r.sums)
+            bad = mark_corrupt(r.out, r.keys if whole else r.keys[lo:hi],
+                               checksum_slots(self._pool, r.ours if whole else r.ours[lo:hi]),
+                               r.sums if whole else r.sums[lo:hi])
             if bad:
                 self._log.warning("peer %s: %d block(s) failed verification; misses",
                                   self._endpoint, bad)
         except Exception as exc:  # noqa: BLE001 - the pool's: the caller's to handle
             r.error = exc
         finally:
-            self._resolve(r)
+            self._done(piece)
 
-    def _settle(self, r: _Read, reason: FailureReason) -> None:
-        for i in r.keys:
+    def _settle(self, piece: _Piece, reason: FailureReason) -> None:
+        r = piece.read
+        for i in r.keys[piece.lo:piece.hi]:
             r.out[i] = reason
-        self._resolve(r)
+        self._done(piece)
+
+    def _done(self, piece: _Piece) -> None:
+        """`piece` is settled: no thread touches its slots any more."""
+        r = piece.read
+        with self._lock:
+            r.left -= 1
+            last = r.left == 0
+        if last:
+            self._resolve(r)
 
     @staticmethod
     def _resolve(r: _Read) -> None:
