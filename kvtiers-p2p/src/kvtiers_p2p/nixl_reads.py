@@ -1,19 +1,20 @@
 """`NixlReads`: a puller's NIXL READs from one peer, batched and pipelined.
 
 A fetch whose `TransferDone` arrived (the server pinned its blocks) queues its
-READ here (`start`, called as the reply is read). A pump per transfer stream (a
-copier thread moving on its own NIXL agent) takes the queued READs in turn, each
-one transfer request: with several streams, several fetches move at once (a copy
-within one host is CPU work; two streams use two cores), each stream verifying
-what it moved (xxh3 in the puller's slots, against the checksums the server sent,
-while the bytes are fresh); with one stream, the pump hands each fetch's blocks
-to another copier thread to verify and goes on with the next READ. No READ waits
-for a thread to wake up while a pump runs.
+READ here (`start`, called as the reply is read), cut into pieces of
+`PIECE_BYTES`. A pump per transfer stream (a copier thread moving on its own NIXL
+agent) takes the queued pieces in turn, each one transfer request: with several
+streams, several pieces move at once (a copy within one host is CPU work; two
+streams use two cores) and the streams end together, each verifying what it moved
+(xxh3 in the puller's slots, against the checksums the server sent, while the
+bytes are fresh); with one stream, the pump hands each piece's blocks to another
+copier thread to verify and goes on with the next. No READ waits for a thread to
+wake up while a pump runs.
 
-A fetch's outcomes are settled only after its blocks were verified (or the READ
-failed): `finish` returns then (or raises what the pool raised for a slot), or,
-cancelled, returns only once no thread touches its slots (a READ not begun yet
-is taken out of the queue instead; `abandon` does the same for a READ nobody
+A fetch's outcomes are settled only after all its pieces were verified (or their
+READs failed): `finish` returns then (or raises what the pool raised for a slot),
+or, cancelled, returns only once no thread touches its slots (pieces not begun yet
+are taken out of the queue instead; `abandon` does the same for a READ nobody
 awaits).
 
 Threads: `start`, `finish`, `abandon` on the link's event loop; the pumps and the
@@ -68,12 +69,19 @@ class _Read:
 @dataclass(slots=True)
 class _Piece:
     """Blocks [lo, hi) of a fetch's READ: one transfer request, verified by
-    whoever moved it. `taken`: a pump holds it (it touches those slots)."""
+    whoever moved it (a piece out of the queue is a pump's: it touches those
+    slots until it is settled)."""
 
     read: _Read
     lo: int
     hi: int
-    taken: bool = field(default=False)
+
+    def part(self, items: Sequence[int]) -> Sequence[int]:
+        """This piece's span of one of the read's per-block lists (the list
+        itself, no copy, when the piece is the whole read)."""
+        if self.lo == 0 and self.hi == len(items):
+            return items
+        return items[self.lo:self.hi]
 
 
 #: what `NixlReads.start` gives `finish`: the READ queued, or the outcomes already
@@ -189,7 +197,6 @@ class NixlReads:
                     self._idle.append(stream)
                     return
                 piece = self._queue.popleft()
-                piece.taken = True
             try:
                 self._move(piece, stream)
             except Exception:  # noqa: BLE001 - every read must settle
@@ -200,12 +207,9 @@ class NixlReads:
         """One piece's READ (one transfer request) on `stream`; then its blocks are
         verified - by this pump with several streams, else on another copier
         thread while the pump goes on with the next piece."""
-        r, lo, hi = piece.read, piece.lo, piece.hi
-        whole = lo == 0 and hi == len(r.ours)
-        state = self._plane.read_slots(
-            r.remote[0], r.theirs if whole else r.theirs[lo:hi],
-            r.ours if whole else r.ours[lo:hi],
-            max(r.deadline - time.monotonic(), 0.1), stream)
+        r = piece.read
+        state = self._plane.read_slots(r.remote[0], piece.part(r.theirs), piece.part(r.ours),
+                                       max(r.deadline - time.monotonic(), 0.1), stream)
         if state != "DONE":
             self._log.warning("peer %s: a NIXL read ended %s; its keys fail", self._endpoint,
                               state)
@@ -224,12 +228,11 @@ class NixlReads:
         """Check each landed block of `piece` in its slot; settles it whatever
         happens (a slot the pool cannot give raises out of `read`, as a copy into
         it would)."""
-        r, lo, hi = piece.read, piece.lo, piece.hi
-        whole = lo == 0 and hi == len(r.ours)
+        r = piece.read
         try:
-            bad = mark_corrupt(r.out, r.keys if whole else r.keys[lo:hi],
-                               checksum_slots(self._pool, r.ours if whole else r.ours[lo:hi]),
-                               r.sums if whole else r.sums[lo:hi])
+            bad = mark_corrupt(r.out, piece.part(r.keys),
+                               checksum_slots(self._pool, piece.part(r.ours)),
+                               piece.part(r.sums))
             if bad:
                 self._log.warning("peer %s: %d block(s) failed verification; misses",
                                   self._endpoint, bad)
@@ -240,7 +243,7 @@ class NixlReads:
 
     def _settle(self, piece: _Piece, reason: FailureReason) -> None:
         r = piece.read
-        for i in r.keys[piece.lo:piece.hi]:
+        for i in piece.part(r.keys):
             r.out[i] = reason
         self._done(piece)
 
