@@ -62,6 +62,10 @@ def check_within_limits(message: Any) -> None:
         assert all(b <= State.MAX for b in message.states)
     if isinstance(message, TransferDone):
         assert message.states.count(State.PRESENT) == len(message.checksums)
+    if isinstance(message, LookupReply) and (message.lease_s or message.source_slots):
+        held = message.states.count(State.PRESENT)
+        assert message.lease_s and held == len(message.source_slots) == len(message.checksums)
+        assert len(set(message.source_slots)) == held
     if isinstance(message, (Hello, Welcome)):
         assert message.data_plane.slot_bytes % 4096 == 0
 
@@ -79,6 +83,7 @@ def decode_or_reject(decoder: Any, data: Any) -> None:
 CLIENT = [
     Hello(PROTOCOL_VERSION, "a", "ns", "seed", 16384, ["zmq"], PLANE),
     Lookup(1, [KEY]),
+    Lookup(1, [KEY], 2.5),  # asking for a lease
     Fetch(2, [KEY, KEY[::-1]], [0, 63]),
     Store(8, [KEY], [12345]),
     Abort(3),
@@ -90,6 +95,8 @@ SERVER = [
     Welcome("b", 1.0, PLANE, 16),
     Refused("namespace mismatch"),
     LookupReply(1, bytes([State.PRESENT, State.ABSENT, State.PENDING])),
+    LookupReply(1, bytes([State.PRESENT, State.ABSENT, State.PRESENT]), 2.0, [7, 0],
+                [(1 << 64) - 1, 0]),  # a lease
     TransferDone(2, bytes([State.PRESENT, State.REFUSED]), [(1 << 64) - 1]),
     StoreDone(8, bytes([State.PRESENT, State.CORRUPT, State.REFUSED])),
     KeepAlive(4),
@@ -143,6 +150,8 @@ def raw(*fields: Any) -> bytes:
     (raw("lookup", 1, [b"\x00" * (MAX_KEY_BYTES + 1)]), "malformed"),
     (raw("lookup", 1, [KEY], "extra"), "malformed"),
     (raw("lookup", 1), "malformed"),
+    (raw("lookup", 1, [KEY], -1.0), "malformed"),  # a lease of negative time
+    (raw("lookup", 1, [KEY], 3601.0), "malformed"),
     (raw("teleport", 1, [KEY]), "malformed"),
     (raw(), "malformed"),
     (b"", "malformed"),
@@ -165,6 +174,12 @@ def test_a_server_rejects(data: bytes, why: str) -> None:
     (raw("found", 1, bytes([9])), "unknown key state"),
     (raw("stored", 1, bytes([State.MAX + 1])), "unknown key state"),
     (raw("found", 1, bytes(MAX_KEYS + 1)), "malformed"),
+    (raw("found", 1, b"\x01", 2.0, [1, 2], [3]), "a lease of 2 s with 1 keys present, 2 slots"),
+    (raw("found", 1, b"\x01", 0.0, [1], [3]), "a lease of 0 s"),  # slots, no lease
+    (raw("found", 1, b"\x00", 2.0, [], []), "with 0 keys present"),  # a lease of nothing
+    (raw("found", 1, b"\x01\x01", 2.0, [4, 4], [1, 2]), "two leased keys in one slot"),
+    (raw("found", 1, b"\x01", -2.0, [1], [3]), "malformed"),
+    (raw("found", 1, b"\x01", 2.0, [MAX_SLOTS], [3]), "malformed"),
     (raw("done", 1, b"\x01", [-5]), "malformed"),
     (raw("welcome", "b", 0.0, ["zmq", 1, 4096]), "malformed"),
     (raw("welcome", "b", 1.0, ["zmq", 1 << 30, 1 << 20]), "256 TiB"),
@@ -247,6 +262,16 @@ def test_fuzz_fetches_in_and_out_of_range(req: int, keys: list[bytes], slots: li
 def test_fuzz_transfer_done(states: bytes, checksums: list[int]) -> None:
     decode_or_reject(decode_server, raw("done", 1, states, checksums))
     decode_or_reject(decode_server, raw("found", 1, states))
+
+
+@FUZZ
+@given(st.binary(max_size=12), st.floats(-1, 4000) | st.integers(-1, 5),
+       st.lists(_ints, max_size=12), st.lists(st.integers(-1, (1 << 64) - 1), max_size=12))
+def test_fuzz_leases(states: bytes, lease_s: float, slots: list[int], sums: list[int]) -> None:
+    """A lookup's reply with a lease: taken only when it is consistent (a slot and a
+    checksum per present key, no slot twice, a time within limits)."""
+    decode_or_reject(decode_server, raw("found", 7, states, lease_s, slots, sums))
+    decode_or_reject(decode_client, raw("lookup", 7, [KEY], lease_s))
 
 
 @FUZZ

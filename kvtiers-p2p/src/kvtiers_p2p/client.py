@@ -12,7 +12,10 @@ one is tried after a backoff that doubles from `reconnect_min_s` to
 `reconnect_max_s` (reset by a session that reached `ready`).
 
 `lookup` and `fetch` never wait longer than their timeout, and answer at once
-while the session is not ready. `fetch` writes the blocks into the puller's slots
+while the session is not ready. On the NIXL plane a lookup asks for a lease
+(`lease_s`, when the pin budget has room): the server pins what it holds and
+says where, and a load of those keys READs them without a fetch round trip
+(`kvtiers_p2p.leases`). `fetch` writes the blocks into the puller's slots
 and verifies each block's checksum there before calling it a success; a block
 whose bytes do not match is `corrupt`. When `fetch` returns, nothing of this link
 can touch those slots any more: a late reply for a request given up is dropped.
@@ -40,6 +43,7 @@ from kvtiers.sdk.aio import run_off_loop
 from kvtiers.sdk.job import Outcome
 
 from kvtiers_p2p.codec import ProtocolError, decode_server, encode
+from kvtiers_p2p.leases import Leases, Taken
 from kvtiers_p2p.nixl_plane import NixlPlane
 from kvtiers_p2p.nixl_reads import NixlReads
 from kvtiers_p2p.protocol import (
@@ -84,6 +88,8 @@ class LinkOptions:
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 10.0
     lookup_timeout_s: float = 1.0
+    #: NIXL: how long a lookup asks the server to hold what it found (0: no leases)
+    lease_s: float = 2.0
     #: bytes of the largest fetch of a pipelined load (`PeerLink.fetch`)
     chunk_bytes: int = 16 << 20
 
@@ -183,6 +189,8 @@ class PeerLink:
         self.plane = ""  # the session's data plane, from the Welcome
         self._in_flight = 0  # blocks of fetches in flight (`_budget`)
         self._room = asyncio.Condition()
+        #: this session's leases (NIXL): they hold pin budget too
+        self.leases = Leases()
 
     @property
     def nixl_peer(self) -> tuple[str, DataPlane] | None:
@@ -212,19 +220,36 @@ class PeerLink:
     # Requests (loop thread).
 
     async def lookup(self, keys: Sequence[BlockKey]) -> bytes | None:
-        """One `State` byte per key, or None (not ready, timed out, rejected)."""
+        """One `State` byte per key, or None (not ready, timed out, rejected).
+        NIXL, with room in the pin budget: what the server holds is leased for
+        this side's loads (`leases`)."""
         if not self.ready or not keys:
             return None
         req, future = self._request()
+        lease_s = 0.0
+        if self._opt.lease_s > 0 and self._remote is not None and self._reads is not None and (
+                self._in_flight + self.leases.blocks + len(keys) <= self.max_fetch):
+            lease_s = self._opt.lease_s
+        sent = time.monotonic()
         try:
             assert self._sock is not None
-            await self._sock.send(encode(Lookup(req, list(keys))), zmq.NOBLOCK)
+            await self._sock.send(encode(Lookup(req, list(keys), lease_s)), zmq.NOBLOCK)
             reply: LookupReply = await _within(future, self._opt.lookup_timeout_s)
         except (_WaitTimeout, LinkDown, ProtocolError, zmq.ZMQError):
+            # A lease granted after this gave up: the server ends it (`Abort`, or
+            # its own timeout); the reply itself is dropped as a late one.
+            if lease_s:
+                self._abort(req)
             return None
         finally:
             self._pending.pop(req, None)
-        return reply.states if len(reply.states) == len(keys) else None
+        if len(reply.states) != len(keys):
+            if reply.lease_s:
+                self._abort(req)
+            return None
+        if reply.lease_s:
+            self.leases.grant(reply, keys, sent)
+        return reply.states
 
     async def fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
                     timeout: float) -> list[Outcome]:
@@ -236,6 +261,14 @@ class PeerLink:
         once on this link than `max_fetch` - cut by `nixl_fetch_bounds` on the
         NIXL plane (its READs are cut into pieces this side), by `fetch_bounds`
         on ZeroMQ frames."""
+        if self.leases.blocks and self._remote is not None and self._reads is not None:
+            taken = self.leases.take(keys, time.monotonic())
+            if taken is not None:
+                return await self._fetch_leased(keys, slots, timeout, taken)
+        return await self._fetch_unleased(keys, slots, timeout)
+
+    async def _fetch_unleased(self, keys: Sequence[BlockKey], slots: Sequence[int],
+                              timeout: float) -> list[Outcome]:
         n = len(keys)
         chunk = max(1, min(self.max_fetch,
                            self._opt.chunk_bytes // max(self._pool.block_bytes, 1)))
@@ -266,13 +299,67 @@ class PeerLink:
             out.extend(outcomes)
         return out
 
+    async def _fetch_leased(self, keys: Sequence[BlockKey], slots: Sequence[int],
+                            timeout: float, taken: Taken) -> list[Outcome]:
+        """Pull `keys`, the ones `taken` leased READ from where the lease says (no
+        round trip), the rest fetched; the leases are released when both ended."""
+        assert self._reads is not None and self._remote is not None
+        reads, remote = self._reads, self._remote
+
+        async def read(ours: Sequence[int]) -> list[Outcome]:
+            done = TransferDone(0, bytes([State.PRESENT]) * len(ours), taken.sums,
+                                taken.slots)
+            return await reads.finish(reads.start(remote, done, ours, timeout))
+
+        try:
+            if taken.at is None:  # every key, in order
+                return await read(slots)
+            at = taken.at
+            rest = sorted(set(range(len(keys))).difference(at))
+            # Both end before this returns (or raises the first error): nothing of
+            # this load may touch its slots after it.
+            leased, fetched = await asyncio.gather(
+                read([slots[i] for i in at]),
+                self._fetch_unleased([keys[i] for i in rest], [slots[i] for i in rest],
+                                     timeout) if rest else asyncio.sleep(0, []),
+                return_exceptions=True)
+            if isinstance(leased, BaseException):
+                raise leased
+            if isinstance(fetched, BaseException):
+                raise fetched
+            out: list[Outcome] = [None] * len(keys)
+            for i, outcome in zip(at, leased, strict=True):
+                out[i] = outcome
+            for i, outcome in zip(rest, fetched, strict=True):
+                out[i] = outcome
+            return out
+        finally:
+            for req in self.leases.finish(taken.leases):
+                self._landed(req)
+            self._room_changed()
+
+    def _room_changed(self) -> None:
+        """Leases gave budget back: wake the fetches waiting for room."""
+        async def notify() -> None:
+            async with self._room:
+                self._room.notify_all()
+
+        asyncio.get_running_loop().create_task(notify())
+
     @contextlib.asynccontextmanager
     async def _budget(self, blocks: int) -> AsyncIterator[None]:
         """Hold `blocks` of the server's pin budget for this link while a fetch is
-        in flight (fetches wait their turn, oldest first)."""
+        in flight (fetches wait their turn, oldest first). Leases no load took give
+        their share back first."""
         blocks = min(blocks, self.max_fetch)
         async with self._room:
-            await self._room.wait_for(lambda: self._in_flight + blocks <= self.max_fetch)
+            while self._in_flight + self.leases.blocks + blocks > self.max_fetch:
+                idle = self.leases.idle(
+                    self._in_flight + self.leases.blocks + blocks - self.max_fetch)
+                for req in idle:
+                    self._abort(req)
+                if not idle:
+                    await self._room.wait()
             self._in_flight += blocks
         try:
             yield
@@ -449,6 +536,12 @@ class PeerLink:
                 if self.ready and now - pinged >= self._opt.keepalive_s:
                     await sock.send(encode(KeepAlive(next(seq), reply=True)), zmq.NOBLOCK)
                     pinged = now
+                if len(self.leases):
+                    lapsed = self.leases.expired(time.monotonic())
+                    for req in lapsed:
+                        self._abort(req)
+                    if lapsed:
+                        self._room_changed()
         except zmq.ZMQError as exc:
             self.reason = f"socket error: {exc}"
             self._log.warning("peer %s: %s", self.endpoint, self.reason)
@@ -457,6 +550,9 @@ class PeerLink:
             if self.state != REFUSED:
                 self.state = CONNECTING
             self.ready_event.clear()
+            if len(self.leases):  # the server drops this session's pins with it
+                self.leases.clear()
+                self._room_changed()
             pending, self._pending = self._pending, {}
             for future in pending.values():
                 if not future.done():

@@ -80,7 +80,10 @@ def decode_server(frame: Any) -> ServerMessage:
     """A message a puller received; `ProtocolError` unless it is one of
     `ServerMessage`, within limits."""
     message: ServerMessage = _decode(_server, frame)
-    if isinstance(message, (LookupReply, StoreDone)):
+    if isinstance(message, LookupReply):
+        _check_states(message.states)
+        _check_lease(message)
+    elif isinstance(message, StoreDone):
         _check_states(message.states)
     elif isinstance(message, TransferDone):
         _check_states(message.states)
@@ -135,6 +138,19 @@ def _check_fetch(fetch: Fetch) -> None:
 def _check_states(states: bytes) -> None:
     if states and max(states) > State.MAX:
         raise ProtocolError(f"unknown key state {max(states)}")
+
+
+def _check_lease(reply: LookupReply) -> None:
+    if not (reply.lease_s or reply.source_slots or reply.checksums):
+        return
+    held = reply.states.count(State.PRESENT)
+    if not reply.lease_s or not held or len(reply.source_slots) != held or len(
+            reply.checksums) != held:
+        raise ProtocolError(
+            f"found {reply.req}: a lease of {reply.lease_s:g} s with {held} keys present, "
+            f"{len(reply.source_slots)} slots and {len(reply.checksums)} checksums")
+    if len(set(reply.source_slots)) != held:
+        raise ProtocolError(f"found {reply.req}: two leased keys in one slot")
 
 
 def _check_plane(plane: DataPlane) -> None:

@@ -161,8 +161,8 @@ class CacheNode:
         stats = self.manager.stats()
         pool = stats["pool"]
         peers = sum(t.server.sessions for t in self.p2p if t.server is not None)
-        shipped = sum(t.server.counters["blocks_shipped"] for t in self.p2p
-                      if t.server is not None)
+        shipped = sum(t.server.counters["blocks_shipped"] + t.server.counters["blocks_leased"]
+                      for t in self.p2p if t.server is not None)
         return (f"peers {peers}  pool {pool['resident']}/{pool['num_slots']} blocks "
                 f"({pool['pinned']} pinned)  shipped {shipped}  stored {self.stored}")
 

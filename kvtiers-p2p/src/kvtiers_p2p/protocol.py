@@ -12,6 +12,11 @@ A session, puller (DEALER) to server (ROUTER):
    reason, which both sides log. Anything but `Hello` from a peer without a
    session gets `Disconnect` ("no session"): the puller says hello again.
 2. `Lookup(req, keys)` -> `LookupReply(req, states)`: one state byte per key.
+   On the NIXL plane a lookup may ask for a lease (`lease_s`): the server pins the
+   keys it holds right away and says their slots and checksums, so the puller's
+   load READs them with no fetch round trip; `Landed(req)` or `Abort(req)` of the
+   lookup's `req` ends the lease, and the server ends it after `lease_s` anyway
+   (a block changed since fails its checksum at the puller: a miss).
 3. `Fetch(req, keys, slots)`: ship these blocks into these slots of the puller's
    pool -> `TransferDone(req, states, checksums)` (+ block frames on the ZeroMQ
    data plane). `Abort(req)`: the puller gave up; the server releases what it
@@ -63,7 +68,7 @@ __all__ = [
 
 #: bumped on any change of a message's fields or meaning; peers of other versions
 #: are refused at the handshake
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 #: keys in one Lookup or Fetch (one job is at most the manager's max_job_blocks)
 MAX_KEYS = 4096
@@ -157,13 +162,28 @@ class Refused(_Message, tag="refused"):
 
 
 class Lookup(_Message, tag="lookup"):
+    """`lease_s` > 0 (NIXL sessions): pin the PRESENT keys for that long (at most
+    the server's pin timeout) and say where they are - a lease the puller's load
+    READs under; 0: states only."""
+
     req: _Req
     keys: _Keys
+    lease_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0
 
 
 class LookupReply(_Message, tag="found"):
+    """`lease_s` > 0: the PRESENT keys are pinned for that long from when the server
+    answered (the lease `req`); `source_slots[j]` and `checksums[j]` are the
+    server's slot and the xxh3-64 of the j-th PRESENT block. 0: no lease (both
+    lists empty)."""
+
     req: _Req
     states: _States  # one `State` per key, in order
+    lease_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0
+    source_slots: Annotated[list[_Slot], msgspec.Meta(max_length=MAX_KEYS)] = (
+        msgspec.field(default_factory=list))
+    checksums: Annotated[list[_U64], msgspec.Meta(max_length=MAX_KEYS)] = (
+        msgspec.field(default_factory=list))
 
 
 class Fetch(_Message, tag="fetch"):
@@ -219,16 +239,18 @@ class Touch(_Message, tag="touch"):
 
 
 class Abort(_Message, tag="abort"):
-    """Puller -> server: it gave up on `req` (deadline); a late `TransferDone` for
-    it is dropped. The blocks shipped for it are unpinned."""
+    """Puller -> server: it gave up on `req` (deadline), or does not need the
+    lease of lookup `req` any more; a late `TransferDone` for it is dropped. The
+    blocks shipped or leased for it are unpinned."""
 
     req: _Req
 
 
 class Landed(_Message, tag="landed"):
-    """Puller -> server: the blocks of fetch `req` are in its slots (verified or
-    not): the server unpins them. Until then they stay pinned (at most its pin
-    timeout): what a lookup called a hit stays until the load has read it."""
+    """Puller -> server: the blocks of fetch `req` (or leased by lookup `req`) are
+    in its slots (verified or not): the server unpins them. Until then they stay
+    pinned (at most its pin timeout, or the lease's time): what a lookup called a
+    hit stays until the load has read it."""
 
     req: _Req
 

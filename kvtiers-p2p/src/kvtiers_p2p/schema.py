@@ -151,6 +151,13 @@ P2P_SCHEMA: Mapping[str, Any] = {
                   "its pool (a promotion from its own tiers) before calling them misses"),
         "fetch_timeout_s": _seconds(
             10.0, "longest one transfer is awaited (a job's deadline, when sooner, wins)"),
+        "lease_s": {
+            "type": "number", "minimum": 0, "maximum": 3600, "default": 2.0,
+            "description": (
+                "NIXL: how long a peer holds the blocks a lookup found, pinned for this "
+                "engine's load (which then READs them with no fetch round trip; at most "
+                "the peer's unbound_store_timeout_s); 0: no leases, every load fetches"),
+        },
         "hit_ttl_s": _seconds(2.0, "how long a peer's yes is believed without asking again"),
         "miss_ttl_s": _seconds(0.5, "how long a peer's no is believed without asking again"),
         "keepalive": {

@@ -10,6 +10,10 @@ puller that this side dropped (or restarted without) says hello again.
   anything else ABSENT. A lookup that the manager answers RETRY (one of its own
   tiers probing, possibly a p2p tier asking peers in turn) is ABSENT, so two
   engines that ask each other never keep each other waiting.
+  With `lease_s` (NIXL sessions), the PRESENT keys are pinned at once, all or
+  none, within the peer's pin budget (`create_store_job`), and the reply says
+  their slots and checksums: the puller READs them with no `Fetch`. The lease is
+  a shipment like a fetch's (below), for `lease_s` (at most `pin_timeout_s`).
 - `Fetch`: the slots are checked against the puller's pool; the readable keys are
   pinned with `parent.create_store_job` (all or nothing: re-tried once with a fresh
   lookup when a block went meanwhile), within the peer's pin budget (a share of the
@@ -38,6 +42,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -117,7 +122,7 @@ class PeerServer:
         self.counters = {"sessions": 0, "refused": 0, "lookups": 0, "fetches": 0,
                          "blocks_shipped": 0, "bytes_shipped": 0, "bad_messages": 0,
                          "dropped_sessions": 0, "pin_timeouts": 0, "over_budget": 0,
-                         "blocks_stored": 0}
+                         "blocks_stored": 0, "leases": 0, "blocks_leased": 0}
 
     # Lifecycle (any thread but the server's).
 
@@ -218,7 +223,7 @@ class PeerServer:
             return
         session.heard = now
         if isinstance(message, Lookup):
-            self._lookup(sock, ident, message)
+            self._lookup(sock, ident, session, message, now)
         elif isinstance(message, Fetch):
             self._fetch(sock, ident, session, message, now)
         elif isinstance(message, Store):
@@ -260,17 +265,55 @@ class PeerServer:
                                         accepts_stores=self._sink is not None,
                                         capacity_bytes=self._capacity_bytes))
 
-    def _lookup(self, sock: zmq.Socket[bytes], ident: bytes, lookup: Lookup) -> None:
+    def _lookup(self, sock: zmq.Socket[bytes], ident: bytes, session: Session,
+                lookup: Lookup, now: float) -> None:
         self.counters["lookups"] += 1
+        keys = lookup.keys
+        leasing = lookup.lease_s > 0 and session.plane == "nixl" and self._nixl is not None
+        if leasing:
+            self._settle(session, now)  # pins past their timeout go first
+            if 0 < len(keys) <= self._max_pinned - session.pinned and (
+                    len(set(keys)) == len(keys)):
+                # The common case first: every key held - one call pins them all.
+                job = self._parent.create_store_job(keys)
+                if job is not None:
+                    states = bytes([State.PRESENT]) * len(keys)
+                    self._send(sock, ident, self._lease(session, lookup, states, keys,
+                                                        job.job_id, job.slots, now))
+                    return
         parent_lookup = self._parent.lookup
-        states = bytearray(len(lookup.keys))
-        for i, key in enumerate(lookup.keys):
+        found = bytearray(len(keys))
+        for i, key in enumerate(keys):
             answer = parent_lookup(key)
             if answer is LookupResult.HIT:
-                states[i] = State.PRESENT
+                found[i] = State.PRESENT
             elif answer is LookupResult.HIT_PENDING:
-                states[i] = State.PENDING
-        self._send(sock, ident, LookupReply(lookup.req, bytes(states)))
+                found[i] = State.PENDING
+        states = bytes(found)
+        held = [keys[i] for i, state in enumerate(states) if state == State.PRESENT]
+        if leasing and held and len(held) <= self._max_pinned - session.pinned and (
+                len(set(held)) == len(held)):
+            job = self._parent.create_store_job(held)
+            if job is not None:
+                self._send(sock, ident, self._lease(session, lookup, states, held,
+                                                    job.job_id, job.slots, now))
+                return
+        self._send(sock, ident, LookupReply(lookup.req, states))
+
+    def _lease(self, session: Session, lookup: Lookup, states: bytes,
+               held: Sequence[BlockKey], job_id: int, slots: Sequence[int],
+               now: float) -> LookupReply:
+        """The reply to `lookup` whose `held` keys were just pinned in `slots`: the
+        pins are the peer's until it says `Landed`/`Abort` for the lookup, or for
+        `lease_s` at most."""
+        lease_s = min(lookup.lease_s, self._limits.pin_timeout_s)
+        n = len(slots)
+        session.pinned += n
+        session.shipments.append(Shipment(job_id, n, lookup.req, now + lease_s))
+        self.counters["leases"] += 1
+        self.counters["blocks_leased"] += n
+        return LookupReply(lookup.req, states, lease_s, list(slots),
+                           self._sums.of_many(held, slots))
 
     def _fetch(self, sock: zmq.Socket[bytes], ident: bytes, session: Session,
                fetch: Fetch, now: float) -> None:

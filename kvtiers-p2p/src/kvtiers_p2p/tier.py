@@ -118,7 +118,7 @@ class P2PTier(SecondaryTier):
         self._link_options = LinkOptions(
             keepalive_s=keepalive["interval_s"], timeout_s=keepalive["timeout_s"],
             reconnect_min_s=reconnect["min_s"], reconnect_max_s=reconnect["max_s"],
-            lookup_timeout_s=options["lookup_timeout_s"])
+            lookup_timeout_s=options["lookup_timeout_s"], lease_s=options["lease_s"])
         self._fetch_timeout_s: float = options["fetch_timeout_s"]
         self._pending_wait_s: float = options["pending_wait_s"]
         self._push: bool = options["push"]
