@@ -25,15 +25,22 @@ raw and p2p interleaved within each run; MB/s = 10^6 bytes/s of block bytes move
   agents of the tier's transfer streams (default 2): raw NIXL with the tier's
   parallelism (a copy within one host is CPU work: the tier's two streams use two
   cores, the single raw READ one); p2p/rawxN is the median of each run's ratio;
-- p2p: the p2p tier's load of the same blocks as one job (the server pins them
-  through its manager, checksums them, ships them - frames, or its slots for the
-  puller to READ; the puller lands and verifies each in its slot, says Landed),
-  pipelined in fetches of up to 16 MiB (`kvtiers_p2p.client.fetch_bounds`: small
-  first, larger, smaller again at the end), moved on the tier's transfer streams;
-  with `--jobs K`, the same blocks as K load jobs submitted at once (what an engine
-  loading several requests does: their fetches overlap);
+- p2p: an engine's request - the tier's lookups (its probe asks the server: on
+  NIXL the lookup leases the blocks, the server pinning them and saying their
+  slots and checksums; untimed, as they come a scheduler step or more before the
+  load), then the tier's load of the same blocks as one job, timed: on NIXL it READs
+  them under the lease with no round trip (`kvtiers_p2p.leases`), verifying each
+  block in its slot, and says Landed; on ZeroMQ it fetches them (below);
+- p2p fetch: the same load again right after, with no lookup before it (the
+  holder remembered, no lease: what a second load of the same blocks does): the
+  server pins the blocks through its manager, checksums them, ships them (frames,
+  or its slots for the puller to READ), pipelined in fetches (small first, then
+  the server's pin budget), moved on the tier's transfer streams;
+  with `--jobs K`, both loads as K jobs submitted at once (what an engine loading
+  several requests does: their fetches overlap);
 - lookup RTT: one key per Lookup through the real server (handshake once), p50/p99;
-- p2p/raw: the ratio of the medians; per-run: the median of each run's ratio.
+- p2p/raw: the ratio of the medians; per-run: the median of each run's ratio;
+  fetch/raw: the median of each run's ratio for p2p fetch.
 """
 
 from __future__ import annotations
@@ -141,21 +148,44 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
     pool = PoolView.anonymous(n, bb)
     ctx = TierContext(pool, make_namespace("bench", bb), clock=monotonic, name="p2p")
     plane = spec.get("plane", "zmq")
-    tier = P2PTier(ctx, {"peers": [ends["p2p"]], "hit_ttl_s": 3600.0,
+    # Short-lived verdicts: each run's lookups ask the server again (and lease).
+    tier = P2PTier(ctx, {"peers": [ends["p2p"]], "hit_ttl_s": 0.1,
                          "num_threads": spec.get("threads", 1), "data_plane": plane,
                          "transfer_streams": spec.get("streams", 2)})
     keys = _keys(n)
     try:
-        end = time.monotonic() + 60
-        # Every key asked each pass (all() would stop at the first RETRY: one key
-        # probed per pass).
-        while [tier.lookup(k) for k in keys].count(LookupResult.HIT) < n:
-            assert time.monotonic() < end, "the p2p tier never saw the blocks"
-            time.sleep(0.01)
+        def lookups() -> None:
+            """The request's lookups until every key is a hit (the probe asks)."""
+            time.sleep(0.15)  # the verdicts of the run before are stale
+            end = time.monotonic() + 60
+            # Every key asked each pass (all() would stop at the first RETRY: one
+            # key probed per pass).
+            while [tier.lookup(k) for k in keys].count(LookupResult.HIT) < n:
+                assert time.monotonic() < end, "the p2p tier never saw the blocks"
+                time.sleep(0.001)
+
+        def load(first_id: int) -> float:
+            """The tier's load of every key (as `--jobs` jobs), timed."""
+            t1 = time.perf_counter()
+            jobs = spec.get("jobs", 1)
+            per = -(-n // jobs)
+            for j, first in enumerate(range(0, n, per)):
+                tier.submit_load(TransferJob(first_id + j, keys[first:first + per],
+                                             list(range(first, min(n, first + per)))))
+            assert tier.drain(120)
+            results = tier.get_finished_jobs()
+            t2 = time.perf_counter()
+            assert len(results) == -(-n // per), results
+            for result in results:
+                assert result.success, result.reasons()
+            return t2 - t1
+
+        lookups()
         zctx = zmq.Context()
         raw = zctx.socket(zmq.DEALER)
         raw.connect(ends["raw"])
-        raw_s, p2p_s, contig_s, par_s = [], [], [], []
+        raw_s, p2p_s, fetch_s, contig_s, par_s = [], [], [], [], []
+        leased: list[int] = []
         streams = tier.nixl.streams if tier.nixl is not None else 1
         link = next(iter(tier.links.values()))
         # The server's slot of each key: the tier's load moves key i from there
@@ -175,6 +205,8 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
                 if base is not None:
                     _connect(base, desc, streams)
         for run in range(runs + 1):  # the first of each is a warm-up
+            if run:  # the request's lookups (they lease), then the raw READs, its load
+                lookups()
             if plane == "nixl":  # also the old baseline: slot s into slot s (merged)
                 tc = time.perf_counter()
                 state = single.read(agent, desc, [(s, s) for s in range(n)], 60.0)
@@ -196,21 +228,14 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
                 _parallel_read(multi, agent, desc, pairs, streams)
                 if run:
                     par_s.append(time.perf_counter() - tp)
-            t1 = time.perf_counter()
-            jobs = spec.get("jobs", 1)  # the load as that many jobs submitted together
-            per = -(-n // jobs)
-            for j, first in enumerate(range(0, n, per)):
-                tier.submit_load(TransferJob((run + 1) * 1000 + j, keys[first:first + per],
-                                             list(range(first, min(n, first + per)))))
-            assert tier.drain(120)
-            results = tier.get_finished_jobs()
-            t2 = time.perf_counter()
-            assert len(results) == -(-n // per), results
-            for result in results:
-                assert result.success, result.reasons()
+            held = link.leases.blocks
+            p2p_t = load((run + 1) * 10000)
+            fetch_t = load((run + 1) * 10000 + 5000)  # no lookup before it: no lease
             if run:
                 raw_s.append(raw_t)
-                p2p_s.append(t2 - t1)
+                p2p_s.append(p2p_t)
+                fetch_s.append(fetch_t)
+                leased.append(held)
         if plane == "nixl":
             single.close()
             if multi is not None:
@@ -250,6 +275,12 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
                 r / p for r, p in zip(par_s, p2p_s, strict=True))}
            if par_s else {}),
         "p2p_MBps_runs": [moved / t / 1e6 for t in p2p_s],
+        # blocks leased by each run's lookups when its load began (NIXL: all n)
+        "leased_blocks_runs": leased,
+        "p2p_fetch_MBps": moved / statistics.median(fetch_s) / 1e6,
+        "p2p_fetch_MBps_runs": [moved / t / 1e6 for t in fetch_s],
+        "p2p_fetch_over_raw_median": statistics.median(
+            r / p for r, p in zip(raw_s, fetch_s, strict=True)),
         # per run: raw time / p2p time (the two interleaved), and their median
         "p2p_over_raw_runs": [r / p for r, p in zip(raw_s, p2p_s, strict=True)],
         "p2p_over_raw_median": statistics.median(r / p for r, p in zip(raw_s, p2p_s,
@@ -366,15 +397,16 @@ def main() -> None:
                          str(ROOT), os.environ.get("PYTHONPATH", "")])})
                 rows.append({"where": "netns veth", **json.loads(out.stdout.splitlines()[-1])})
     header = (f"{'where':<11} {'plane':<5} {'block':>7} {'blocks':>6} {'raw MB/s':>9} "
-              f"{'p2p MB/s':>9} {'p2p/raw':>8} {'per-run':>8} {'raw xN MB/s':>12} "
-              f"{'p2p/rawxN':>9} {'lookup p50 us':>14} {'p99 us':>8}")
+              f"{'p2p MB/s':>9} {'p2p/raw':>8} {'per-run':>8} {'fetch/raw':>9} "
+              f"{'raw xN MB/s':>12} {'p2p/rawxN':>9} {'lookup p50 us':>14} {'p99 us':>8}")
     print(header)
     for r in rows:
         par = (f"{r['raw_streams_MBps']:>12.0f} {r['p2p_over_raw_streams_median']:>9.2f}"
                if "raw_streams_MBps" in r else f"{'-':>12} {'-':>9}")
         print(f"{r['where']:<11} {r['plane']:<5} {r['block_bytes'] >> 10:>6}K {r['blocks']:>6} "
               f"{r['raw_MBps']:>9.0f} {r['p2p_MBps']:>9.0f} "
-              f"{r['p2p_MBps'] / r['raw_MBps']:>8.2f} {r['p2p_over_raw_median']:>8.2f} {par} "
+              f"{r['p2p_MBps'] / r['raw_MBps']:>8.2f} {r['p2p_over_raw_median']:>8.2f} "
+              f"{r['p2p_fetch_over_raw_median']:>9.2f} {par} "
               f"{r['lookup_rtt_us_p50']:>14.0f} {r['lookup_rtt_us_p99']:>8.0f}")
     doc = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
                       f"Python {platform.python_version()}",

@@ -41,30 +41,43 @@ def _reply(req: int, states: list[int], first_slot: int = 0, lease_s: float = 2.
 
 def test_a_load_of_what_one_lookup_leased_takes_it_whole() -> None:
     leases, keys = Leases(), keys_for("l", 4)
-    leases.grant(_reply(1, [P] * 4, first_slot=10), keys, sent_at=100.0)
+    assert leases.grant(_reply(1, [P] * 4, first_slot=10), keys, sent_at=100.0) == []
     assert leases.blocks == 4 and len(leases) == 1
     taken = leases.take(tuple(keys), now=100.1)  # any sequence of the same keys
     assert taken is not None and taken.at is None
     assert taken.slots == [10, 11, 12, 13] and taken.sums == [1010, 1011, 1012, 1013]
-    assert leases.take(keys, now=100.1) is None  # one-shot: another load fetches
+    assert leases.take(keys, now=100.1) is None  # read under a lease once: then fetched
     assert leases.blocks == 4  # held until the load ends
-    assert leases.finish(taken.leases) == [1] and leases.finish(taken.leases) == []
+    assert leases.finish(taken.leases) == [1]
     assert leases.blocks == 0 and len(leases) == 0 and leases.take(keys, 100.2) is None
 
 
-def test_a_load_takes_the_leased_keys_of_every_lease_it_touches() -> None:
+def test_a_load_of_what_several_lookups_leased_in_order_takes_them_whole() -> None:
+    leases, keys = Leases(), keys_for("w", 6)
+    leases.grant(_reply(1, [P], first_slot=30), keys[:1], sent_at=0.0)
+    leases.grant(_reply(2, [P] * 5, first_slot=40), keys[1:], sent_at=0.0)
+    taken = leases.take(keys, now=0.1)
+    assert taken is not None and taken.at is None
+    assert taken.slots == [30, 40, 41, 42, 43, 44] and [x.req for x in taken.leases] == [1, 2]
+    assert taken.sums == [1030, 1040, 1041, 1042, 1043, 1044]
+    assert sorted(leases.finish(taken.leases)) == [1, 2] and leases.blocks == 0
+
+
+def test_loads_share_a_lease_and_it_ends_with_the_last_of_them() -> None:
     leases = Leases()
     a, b = keys_for("a", 3), keys_for("b", 2)
     leases.grant(_reply(1, [P, A, P], first_slot=0), a, sent_at=0.0)  # a[1] absent
     leases.grant(_reply(2, [P, P], first_slot=5), b, sent_at=0.0)
-    load = [b[1], a[1], a[0], keys_for("c", 1)[0]]
-    taken = leases.take(load, now=1.0)
-    assert taken is not None and taken.at == [0, 2]  # b[1] and a[0]
-    assert taken.slots == [6, 0] and taken.sums == [1006, 1000]
-    assert sorted(lease.req for lease in taken.leases) == [1, 2]
-    # a[2] and b[0] lost their lease with it (taken whole): fetched as before.
-    assert leases.take([a[2], b[0]], now=1.0) is None
-    assert sorted(leases.finish(taken.leases)) == [1, 2] and leases.blocks == 0
+    first = leases.take([b[1], a[1], a[0], keys_for("c", 1)[0]], now=1.0)
+    assert first is not None and first.at == [0, 2]  # b[1] and a[0]
+    assert first.slots == [6, 0] and first.sums == [1006, 1000]
+    assert sorted(lease.req for lease in first.leases) == [1, 2]
+    second = leases.take([a[2], b[0], a[0]], now=1.0)  # a[0] was read already
+    assert second is not None and second.at == [0, 1] and second.slots == [1, 5]
+    assert leases.finish(first.leases) == []  # the second load still reads under them
+    assert leases.blocks == 4
+    assert sorted(leases.finish(second.leases)) == [1, 2] and leases.blocks == 0
+    assert leases.unused == 0
 
 
 def test_a_lease_is_used_for_three_quarters_of_its_time_then_given_back() -> None:
@@ -77,13 +90,14 @@ def test_a_lease_is_used_for_three_quarters_of_its_time_then_given_back() -> Non
     assert leases.blocks == 0 and leases.unused == 1
 
 
-def test_a_taken_lease_is_not_given_back_before_its_load_ends() -> None:
-    leases, keys = Leases(), keys_for("u", 2)
-    leases.grant(_reply(4, [P, P]), keys, sent_at=0.0)
-    taken = leases.take(keys, now=0.1)
-    assert taken is not None
+def test_a_lease_read_under_is_given_back_only_once_its_loads_end() -> None:
+    leases, keys = Leases(), keys_for("u", 3)
+    leases.grant(_reply(4, [P] * 3), keys, sent_at=0.0)
+    taken = leases.take(keys[:2], now=0.1)  # one key left
+    assert taken is not None and taken.at == [0, 1]
     assert leases.expired(100.0) == [] and leases.idle(10) == []
-    assert leases.finish(taken.leases) == [4]
+    assert leases.finish(taken.leases) == []  # a key left: kept for a load of it
+    assert leases.expired(100.0) == [4] and leases.unused == 1
 
 
 def test_idle_leases_give_back_the_oldest_first_until_enough_is_free() -> None:
@@ -100,10 +114,13 @@ def test_idle_leases_give_back_the_oldest_first_until_enough_is_free() -> None:
 def test_a_key_leased_again_is_the_newest_leases() -> None:
     leases, keys = Leases(), keys_for("n", 2)
     leases.grant(_reply(1, [P, P], first_slot=0), keys, sent_at=0.0)
-    leases.grant(_reply(2, [P, A], first_slot=7), keys, sent_at=0.5)
+    assert leases.grant(_reply(2, [P, A], first_slot=7), keys, sent_at=0.5) == []
     taken = leases.take(keys[:1], now=1.0)
     assert taken is not None and taken.slots == [7] and [x.req for x in taken.leases] == [2]
     assert leases.take(keys[1:], now=1.0) is not None  # still lease 1's
+    # A lease all of whose keys were leased again holds nothing of use: given back.
+    assert leases.grant(_reply(3, [P, P], first_slot=20), keys_for("m", 2), 0.0) == []
+    assert leases.grant(_reply(4, [P, P], first_slot=30), keys_for("m", 2), 0.1) == [3]
 
 
 def test_a_session_that_ends_forgets_its_leases() -> None:

@@ -243,13 +243,12 @@ class PeerLink:
             return None
         finally:
             self._pending.pop(req, None)
-        if len(reply.states) != len(keys):
-            if reply.lease_s:
-                self._abort(req)
-            return None
-        if reply.lease_s:
-            self.leases.grant(reply, keys, sent)
-        return reply.states
+        if reply.lease_s and (not lease_s or len(reply.states) != len(keys)):
+            self._abort(req)  # not asked for, or not of this lookup: given back
+        elif reply.lease_s:
+            for old in self.leases.grant(reply, keys, sent):
+                self._abort(old)
+        return reply.states if len(reply.states) == len(keys) else None
 
     async def fetch(self, keys: Sequence[BlockKey], slots: Sequence[int],
                     timeout: float) -> list[Outcome]:
@@ -334,9 +333,11 @@ class PeerLink:
                 out[i] = outcome
             return out
         finally:
-            for req in self.leases.finish(taken.leases):
+            released = self.leases.finish(taken.leases)
+            for req in released:
                 self._landed(req)
-            self._room_changed()
+            if released:
+                self._room_changed()
 
     def _room_changed(self) -> None:
         """Leases gave budget back: wake the fetches waiting for room."""
