@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -84,10 +83,14 @@ def run_serve(args: argparse.Namespace) -> int:
 
         require_zarr()
         storage_options = parse_storage_options(args.storage_option)
-    stop = threading.Event()
+    # A flag, not a threading.Event: the handler runs in the main thread between
+    # two bytecodes, possibly while that thread holds the Event's own lock inside
+    # `wait` (a signal delivered to another thread is handled when the main thread
+    # next runs Python) - `set` would then wait for that lock forever.
+    stopping: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        stopping.append(signum)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -113,8 +116,9 @@ def run_serve(args: argparse.Namespace) -> int:
                 tmp.write_text(json.dumps({"endpoints": node.endpoints}))
                 os.replace(tmp, args.ready_file)
             last = time.monotonic()
-            while not stop.wait(0.01):
+            while not stopping:
                 node.step()
+                time.sleep(0.01)  # after a signal: its handler, then the rest of this
                 if args.status_every and time.monotonic() - last >= args.status_every:
                     last = time.monotonic()
                     print(f"kvtiers serve: {node.status()}", file=out, flush=True)
