@@ -251,7 +251,7 @@ def test_a_load_after_its_lookup_reads_under_the_lease_with_no_fetch(
     link = next(iter(pull.tier.links.values()))
     assert _counters(server)["leases"] >= 1 and _counters(server)["fetches"] == 0
     assert link.leases.used >= 1
-    assert wait_for(lambda: pinned(server) == 0, 5.0), "the lease outlived its load"
+    assert wait_for(lambda: pinned(server) == 0, 1.0), "the lease outlived its load (2 s)"
     assert link.leases.blocks == 0
 
 
