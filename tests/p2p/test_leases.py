@@ -302,7 +302,8 @@ def test_a_fetch_takes_the_budget_back_from_leases_no_load_took(
         engines: MakeEngine) -> None:
     server = engines({"port": 0, **NIXL, "limits": {"max_pinned_share": 0.125}})  # 8
     server.store(keys_for("a", 8) + keys_for("b", 4))
-    pull = engines({"peers": [server.endpoint], **NIXL})
+    # Leases that outlive the test: only giving them back frees the budget.
+    pull = engines({"peers": [server.endpoint], **NIXL, "lease_s": 60})
     assert pull.wait_ready()
     _probe(pull, keys_for("a", 8))  # leased: the whole budget
     link = next(iter(pull.tier.links.values()))
