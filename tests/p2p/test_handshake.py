@@ -99,3 +99,23 @@ def test_a_mismatched_peer_process_gets_nothing_and_both_sides_log_why(
                for r in caplog.records for word in words), "the puller did not log it"
     keys = keys_for("a", 4)
     assert puller.settle(keys) == [LookupResult.MISS] * 4
+
+
+def test_a_refused_link_says_refused_while_it_tries_again(engines: MakeEngine) -> None:
+    """A link retries a server that refused it (at the slowest pace), and says
+    "refused" all along - not "connecting" during each retry's handshake, which
+    a look at the link (a test, an operator's tool) would catch at random."""
+    server = engines({"port": 0}, model="another-model")
+    puller = engines({"peers": [server.endpoint]})
+    link = next(iter(puller.tier.links.values()))
+    wait_refused(puller.tier.links)
+    assert server.tier.server is not None
+    counters = server.tier.server.counters
+    first = counters["refused"]
+    seen = set()
+    end = time.monotonic() + 10.0
+    while counters["refused"] < first + 3 and time.monotonic() < end:  # three retries
+        seen.add(link.state)
+    assert counters["refused"] >= first + 3, "the link stopped trying"
+    assert seen == {"refused"}, seen
+    assert "namespace mismatch" in link.reason

@@ -5,9 +5,10 @@ the DEALER socket is only ever touched from that loop's thread.
 
 A supervisor task keeps a session up: it opens a socket, sends `Hello`, waits for
 `Welcome` (or `Refused`: logged with the server's reason, retried at the slowest
-pace), then reads replies and sends a `KeepAlive` every `keepalive_s`. A peer
-silent for `timeout_s`, a `Disconnect`, or an error ends the session: every
-request waiting on it fails at once (`LinkDown`), the socket is closed and a new
+pace; the link's `state` stays "refused" until a retry is welcomed), then reads
+replies and sends a `KeepAlive` every `keepalive_s`. A peer silent for
+`timeout_s`, a `Disconnect`, or an error ends the session: every request waiting
+on it fails at once (`LinkDown`), the socket is closed and a new
 one is tried after a backoff that doubles from `reconnect_min_s` to
 `reconnect_max_s` (reset by a session that reached `ready`).
 
@@ -516,7 +517,8 @@ class PeerLink:
                 self._curve.apply_client(sock)
             sock.connect(self.endpoint)
             self._sock = sock
-            self.state = CONNECTING
+            if self.state != REFUSED:  # a refused link says so while it tries again
+                self.state = CONNECTING
             await sock.send(encode(self._hello))
             heard = pinged = loop.time()
             seq = itertools.count(1)
@@ -589,7 +591,7 @@ class PeerLink:
         if len(parts) > 1 and not isinstance(message, TransferDone):
             return False  # extra frames only follow a TransferDone
         if isinstance(message, Welcome):
-            if self.state == CONNECTING:
+            if self.state in (CONNECTING, REFUSED):
                 self.state = READY
                 self.peer_id = message.peer_id
                 self.max_fetch = message.max_fetch
