@@ -49,7 +49,6 @@ class Lease:
     until: float
     left: int = field(default=0)
     readers: int = field(default=0)
-    released: bool = field(default=False)
 
 
 @dataclass(slots=True)
@@ -166,8 +165,6 @@ class Leases:
 
     def clear(self) -> None:
         """The session ended (the server dropped its pins): forget every lease."""
-        for lease in self._live.values():
-            lease.released = True
         self._live.clear()
         self._by_key.clear()
         self.blocks = 0
@@ -212,11 +209,11 @@ class Leases:
         return self._release(lease)
 
     def _release(self, lease: Lease) -> bool:
-        """Forget `lease`; False when it was released already."""
-        if lease.released:
+        """Forget `lease`; False when it was released already (or its session
+        ended)."""
+        if self._live.get(lease.req) is not lease:
             return False
-        lease.released = True
-        self._live.pop(lease.req, None)
+        del self._live[lease.req]
         self.blocks -= len(lease.keys)
         by_key = self._by_key
         for key in lease.keys:

@@ -272,15 +272,10 @@ class PeerServer:
         leasing = lookup.lease_s > 0 and session.plane == "nixl" and self._nixl is not None
         if leasing:
             self._settle(session, now)  # pins past their timeout go first
-            if 0 < len(keys) <= self._max_pinned - session.pinned and (
-                    len(set(keys)) == len(keys)):
-                # The common case first: every key held - one call pins them all.
-                job = self._parent.create_store_job(keys)
-                if job is not None:
-                    states = bytes([State.PRESENT]) * len(keys)
-                    self._send(sock, ident, self._lease(session, lookup, states, keys,
-                                                        job.job_id, job.slots, now))
-                    return
+            # The common case first: every key held - one call pins them all.
+            if self._leased(sock, ident, session, lookup, bytes([State.PRESENT]) * len(keys),
+                            keys, now):
+                return
         parent_lookup = self._parent.lookup
         found = bytearray(len(keys))
         for i, key in enumerate(keys):
@@ -290,15 +285,26 @@ class PeerServer:
             elif answer is LookupResult.HIT_PENDING:
                 found[i] = State.PENDING
         states = bytes(found)
-        held = [keys[i] for i, state in enumerate(states) if state == State.PRESENT]
-        if leasing and held and len(held) <= self._max_pinned - session.pinned and (
-                len(set(held)) == len(held)):
-            job = self._parent.create_store_job(held)
-            if job is not None:
-                self._send(sock, ident, self._lease(session, lookup, states, held,
-                                                    job.job_id, job.slots, now))
-                return
+        if leasing and self._leased(sock, ident, session, lookup, states, [
+                keys[i] for i, state in enumerate(states) if state == State.PRESENT], now):
+            return
         self._send(sock, ident, LookupReply(lookup.req, states))
+
+    def _leased(self, sock: zmq.Socket[bytes], ident: bytes, session: Session,
+                lookup: Lookup, states: bytes, held: Sequence[BlockKey], now: float) -> bool:
+        """Pin `held` (the keys `states` calls PRESENT) for `lookup`'s lease and
+        answer with it; False (nothing pinned, nothing sent) when there are none,
+        they are past the peer's budget, one is there twice, or one is not readable
+        any more."""
+        if not held or len(held) > self._max_pinned - session.pinned or (
+                len(set(held)) != len(held)):
+            return False
+        job = self._parent.create_store_job(held)
+        if job is None:
+            return False
+        self._send(sock, ident, self._lease(session, lookup, states, held, job.job_id,
+                                            job.slots, now))
+        return True
 
     def _lease(self, session: Session, lookup: Lookup, states: bytes,
                held: Sequence[BlockKey], job_id: int, slots: Sequence[int],
