@@ -148,9 +148,9 @@ def vllm_worker(args: argparse.Namespace) -> None:
 
 
 def _tier(root: Path, bb: int, slots: int, *, capacity: int, threads: int, **opts: Any) -> Any:
-    from kvtiers.namespace import BlockGeometry, Namespace
+    from kvtiers.contract.namespace import BlockGeometry, Namespace
+    from kvtiers.contract.tier import TierContext
     from kvtiers.pool import CpuPool
-    from kvtiers.tier import TierContext
     from kvtiers_fs.tier import FsTier
 
     root.mkdir(parents=True, exist_ok=True)
@@ -166,7 +166,7 @@ def _tier(root: Path, bb: int, slots: int, *, capacity: int, threads: int, **opt
 
 
 def _run_jobs(tier: Any, keys: list[bytes], per_job: int, load: bool) -> float:
-    from kvtiers.jobs import TransferJob
+    from kvtiers.contract.jobs import TransferJob
 
     start = time.perf_counter()
     ids = set()
@@ -188,7 +188,7 @@ def kvtiers_pass(d: Path, bb: int, n: int, per_job: int, threads: int,
     """Seconds to fill an empty tier with n blocks ("fill"), to store n more into the
     full tier, each evicting one ("store": the steady state of a cache, where
     evicted files are recycled), and to load those n blocks cold ("load")."""
-    from kvtiers.keys import make_key
+    from kvtiers.contract.keys import make_key
     from kvtiers_fs import layout
 
     tier = _tier(d, bb, n, capacity=n * layout.file_bytes(bb), threads=threads, **opts)
@@ -425,8 +425,8 @@ def one_request(args: argparse.Namespace, base: Path) -> dict[str, Any]:
 
 def load_behind_stores(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     """Latency of a 2 MiB load submitted behind 1000 queued 2 MiB stores."""
-    from kvtiers.jobs import TransferJob
-    from kvtiers.keys import make_key
+    from kvtiers.contract.jobs import TransferJob
+    from kvtiers.contract.keys import make_key
 
     bb = 2 * MiB
     d = base / "latency"
@@ -467,14 +467,14 @@ def load_behind_stores(args: argparse.Namespace, base: Path) -> dict[str, Any]:
 def startup(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     """Start-up time with N 4 KiB blocks on disk, by path."""
     import kvtiers_fs.store as store_mod
-    from kvtiers.keys import make_key
+    from kvtiers.contract.keys import make_key
 
     n, bb = args.startup_blocks, 4096
     d = base / "startup"
     out: dict[str, Any] = {"blocks": n}
     tier = _tier(d, bb, 1000, capacity=n * 8192, threads=args.threads, o_direct=False)
     t0 = time.perf_counter()
-    from kvtiers.jobs import TransferJob
+    from kvtiers.contract.jobs import TransferJob
 
     done = 0
     next_id = 1

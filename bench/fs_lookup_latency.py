@@ -53,7 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kvtiers_fs.store as store_mod  # noqa: E402
-from kvtiers.keys import make_key  # noqa: E402
+from kvtiers.contract.keys import make_key  # noqa: E402
 from kvtiers.policies.lru import LRUPolicy  # noqa: E402
 from kvtiers_fs import journal as jr  # noqa: E402
 from kvtiers_fs import layout  # noqa: E402

@@ -37,13 +37,13 @@ CALLS = 40  # passes over the keys per round (the best one counts)
 
 def worker() -> dict[str, float]:
     """One round in this process, with whatever kvtiers the path has: ns per key."""
-    from kvtiers.keys import make_key
-    from kvtiers.lookup import LookupResult
+    from kvtiers.contract.keys import make_key
+    from kvtiers.contract.lookup import LookupResult
+    from kvtiers.contract.namespace import BlockGeometry, Namespace
+    from kvtiers.contract.pool_view import PoolView
+    from kvtiers.contract.tier import TierContext
     from kvtiers.manager import TieringOffloadingManager
-    from kvtiers.namespace import BlockGeometry, Namespace
     from kvtiers.policies.lru import LRUPolicy
-    from kvtiers.pool_view import PoolView
-    from kvtiers.tier import TierContext
     from kvtiers.tiers.memory import MemoryTier
 
     ns = Namespace("bench/manager-lookup", (BlockGeometry(1, 1, 1024, "float16", 1),))

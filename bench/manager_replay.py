@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from kvtiers.bench.workload import Request, Workload, WorkloadSpec
+from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.manager import TieringOffloadingManager, slotops
 from kvtiers.plugins import get_registry
 from kvtiers.policies import slot_links
-from kvtiers.policies.base import EvictionPolicy
 
 
 def build_events(spec: WorkloadSpec) -> list[tuple[str, Request]]:

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from kvtiers.config import load_config
-from kvtiers.keys import make_key
+from kvtiers.contract.keys import make_key
+from kvtiers.contract.namespace import BlockGeometry, Namespace
+from kvtiers.contract.pool_view import PoolView
 from kvtiers.manager.build import build_manager
-from kvtiers.metrics_instrument import MeteredManager
-from kvtiers.metrics_recorder import MetricsRecorder
-from kvtiers.namespace import BlockGeometry, Namespace
-from kvtiers.pool_view import PoolView
+from kvtiers.metrics.instrument import MeteredManager
+from kvtiers.metrics.recorder import MetricsRecorder
 
 BLOCK = 4096
 SLOTS = 4096

@@ -63,7 +63,7 @@ RESULTS = ROOT / "bench" / "results" / "p2p_bench.json"
 def _keys(n: int) -> list[bytes]:
     import hashlib
 
-    from kvtiers.keys import make_key
+    from kvtiers.contract.keys import make_key
 
     return [make_key(hashlib.sha256(f"bench/{i}".encode()).digest()) for i in range(n)]
 
@@ -73,12 +73,12 @@ def serve(spec: dict[str, Any]) -> None:
     import threading
 
     import zmq
-    from kvtiers.clock import monotonic
+    from kvtiers.contract.clock import monotonic
+    from kvtiers.contract.pool_view import PoolView
+    from kvtiers.contract.tier import TierContext
     from kvtiers.manager import TieringOffloadingManager
     from kvtiers.policies.lru import LRUPolicy
-    from kvtiers.pool_view import PoolView
     from kvtiers.testing import make_namespace
-    from kvtiers.tier import TierContext
     from kvtiers_p2p.tier import P2PTier
 
     n, bb, host = spec["n"], spec["block_bytes"], spec["host"]
@@ -126,12 +126,12 @@ def serve(spec: dict[str, Any]) -> None:
 def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
     """Start a server (behind `prefix`), pull from it, return the figures."""
     import zmq
-    from kvtiers.clock import monotonic
-    from kvtiers.jobs import TransferJob
-    from kvtiers.lookup import LookupResult
-    from kvtiers.pool_view import PoolView
+    from kvtiers.contract.clock import monotonic
+    from kvtiers.contract.jobs import TransferJob
+    from kvtiers.contract.lookup import LookupResult
+    from kvtiers.contract.pool_view import PoolView
+    from kvtiers.contract.tier import TierContext
     from kvtiers.testing import make_namespace
-    from kvtiers.tier import TierContext
     from kvtiers_p2p.codec import decode_server, encode
     from kvtiers_p2p.protocol import DataPlane, Lookup
     from kvtiers_p2p.tier import P2PTier

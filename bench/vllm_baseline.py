@@ -54,7 +54,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
 SYSTEM = "vllm-0.33 CPUOffloadingManager"
 POLICY = "lru"
-KVTIERS_GROUP_BYTES = 4  # kvtiers.keys.GROUP_BYTES: a key is hash + 4-byte group
+KVTIERS_GROUP_BYTES = 4  # kvtiers.contract.keys.GROUP_BYTES: a key is hash + 4-byte group
 
 
 def load_trace(path: Path) -> tuple[list[tuple[str, str, list[bytes]]], dict[str, Any]]:

@@ -3,7 +3,7 @@
 `kvtiers.swap._memcpy` (a batched memcpy for the CPU swapper) and
 `kvtiers.manager._slotops` (the CPU pool's per-block hold/state loops) and
 `kvtiers.policies._slotlinks` (the slot policies' list moves) and
-`kvtiers._blocksums` (many blocks' checksums per call) are built when
+`kvtiers.sdk._blocksums` (many blocks' checksums per call) are built when
 a C compiler and Python's headers are there; without them the build warns and goes
 on, and the swapper and the pool use their Python paths.
 """
@@ -23,8 +23,8 @@ setup(
             optional=True,
         ),
         Extension(
-            "kvtiers._blocksums",
-            ["src/kvtiers/_blocksums.c"],
+            "kvtiers.sdk._blocksums",
+            ["src/kvtiers/sdk/_blocksums.c"],
             libraries=["dl"],
             optional=True,
         ),

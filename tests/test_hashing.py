@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kvtiers.contract.keys import key_group, key_hash
 from kvtiers.hashing import (
     DEFAULT_SEED,
     HASH_SIZE,
@@ -21,7 +22,6 @@ from kvtiers.hashing import (
     prefix_block_hashes,
     root_hash,
 )
-from kvtiers.keys import key_group, key_hash
 
 TOKENS = list(range(1000, 1000 + 10 * 16 + 5))  # ten full blocks and a partial one
 

@@ -1,4 +1,4 @@
-"""`kvtiers.integrity`'s batch forms, `checksum_slots` and `land_slots`: the C
+"""`kvtiers.sdk.integrity`'s batch forms, `checksum_slots` and `land_slots`: the C
 helper (when built) and the Python path give the values `checksum` gives, block by
 block, and refuse bad input before touching anything."""
 
@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvtiers import integrity
-from kvtiers.integrity import checksum, checksum_slots, land_slots
-from kvtiers.pool_view import PoolView
+from kvtiers.contract.pool_view import PoolView
+from kvtiers.sdk import integrity
+from kvtiers.sdk.integrity import checksum, checksum_slots, land_slots
 
 PATHS = ["python", *(["native"] if integrity._native is not None else [])]
 

@@ -20,9 +20,7 @@ from typing import Any
 import kvtiers
 import pytest
 import torch
-from kvtiers import pool as pool_module
-from kvtiers import pool_memory, pool_pinning
-from kvtiers.namespace import BlockGeometry
+from kvtiers.contract.namespace import BlockGeometry
 from kvtiers.pool import (
     CpuPool,
     CpuPools,
@@ -31,8 +29,11 @@ from kvtiers.pool import (
     PoolSizeError,
     plan_pools,
 )
-from kvtiers.pool_memory import HEADER_BYTES, SHM_DIR, MemoryLimits, shm_path
-from kvtiers.pool_pinning import CudaBackend, Prefaulter
+from kvtiers.pool import cpu_pool as pool_module
+from kvtiers.pool import memory as pool_memory
+from kvtiers.pool import pinning as pool_pinning
+from kvtiers.pool.memory import HEADER_BYTES, SHM_DIR, MemoryLimits, shm_path
+from kvtiers.pool.pinning import CudaBackend, Prefaulter
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 PID = os.getpid()
@@ -159,7 +160,7 @@ def test_tensor_and_view_share_memory(shared: bool) -> None:
 def test_importing_and_using_the_pool_does_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "import kvtiers, kvtiers.pool, kvtiers.pool_groups\n"
+        "import kvtiers, kvtiers.pool, kvtiers.pool.groups\n"
         "assert 'torch' not in sys.modules, 'import'\n"
         "with kvtiers.pool.CpuPool(4096, 1 << 20, pin=False, prefault=True) as p:\n"
         "    p.view.block(0)[:4] = b'abcd'\n"

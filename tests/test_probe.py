@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
-from kvtiers.clock import ManualClock
-from kvtiers.keys import make_key
-from kvtiers.lookup import LookupResult
-from kvtiers.probe import AsyncProbe
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.keys import make_key
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.sdk.probe import AsyncProbe
 
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 

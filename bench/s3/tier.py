@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvtiers.namespace import BlockGeometry, Namespace
-from kvtiers.pool_view import PoolView
-from kvtiers.tier import TierContext
+from kvtiers.contract.namespace import BlockGeometry, Namespace
+from kvtiers.contract.pool_view import PoolView
+from kvtiers.contract.tier import TierContext
 from kvtiers_s3 import codec, segment
 from kvtiers_s3.body import joined
 from kvtiers_s3.connect import open_filesystem
@@ -47,7 +47,7 @@ def _run_jobs(tier: S3Tier, keys: list[bytes], first_slot: int, job_blocks: int,
               load: bool) -> Timed:
     """Submit every job at once; seconds until the last result, and each job's
     latency (submit to result)."""
-    from kvtiers.jobs import TransferJob
+    from kvtiers.contract.jobs import TransferJob
 
     start = time.perf_counter()
     pending: set[int] = set()
@@ -199,7 +199,7 @@ def outage_bench(kind: str, root: Path, block_bytes: int = 64 * 1024) -> dict[st
         tier = S3Tier(ctx, _options(server, "outage", timeout_s=2,
                                     layout={"packing": "per_block"}))
         try:
-            from kvtiers.jobs import TransferJob
+            from kvtiers.contract.jobs import TransferJob
 
             keys = [os.urandom(36) for _ in range(n)]
             _run_jobs(tier, keys, 0, 8, load=False)

@@ -10,8 +10,8 @@ import pytest
 from kvtiers.admission import AdmissionPolicy, AdmitAll, SecondTouch
 from kvtiers.admission.build import build_admission
 from kvtiers.admission.second_touch import DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW
+from kvtiers.contract.keys import make_key
 from kvtiers.errors import UnknownNameError
-from kvtiers.keys import make_key
 from kvtiers.plugins import load_registry
 
 

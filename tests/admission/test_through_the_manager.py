@@ -7,14 +7,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from kvtiers.clock import ManualClock
 from kvtiers.config import load_config
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.keys import make_key
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.namespace import BlockGeometry, Namespace
+from kvtiers.contract.pool_view import PoolView
 from kvtiers.errors import ConfigError
-from kvtiers.keys import make_key
-from kvtiers.lookup import LookupResult
 from kvtiers.manager.build import build_manager
-from kvtiers.namespace import BlockGeometry, Namespace
-from kvtiers.pool_view import PoolView
 
 NS = Namespace("test/model", (BlockGeometry(2, 2, 64, "float16", 16),))
 BLOCK = NS.groups[0].block_bytes

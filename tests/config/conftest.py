@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from kvtiers.config import KvtiersConfig, load_config
+from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.errors import ConfigError
 from kvtiers.plugins import Registered, Registry, TierRecord, load_registry
-from kvtiers.tier import CONTRACT_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 GiB = 1 << 30

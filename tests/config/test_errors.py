@@ -9,9 +9,9 @@ import pytest
 from kvtiers.config import load_config
 from kvtiers.config.machine import check_pool, physical_memory_bytes
 from kvtiers.config.sections import MAX_TIER_DEPTH
+from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.errors import ConfigError, ConfigProblem
 from kvtiers.plugins import Registered, Registry, TierRecord, load_registry
-from kvtiers.tier import CONTRACT_VERSION
 
 from .conftest import GiB, PlainTier
 

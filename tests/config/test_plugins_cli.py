@@ -16,7 +16,7 @@ from .conftest import REPO
 PLUGIN = textwrap.dedent(
     """
     from kvtiers.plugins import TierRecord, hookimpl
-    from kvtiers.tier import CONTRACT_VERSION
+    from kvtiers.contract import CONTRACT_VERSION
 
     GOOD = {"type": "object", "properties": {
         "size_bytes": {"type": "integer", "minimum": 1, "default": 4096,

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtiers.jobs import TransferJob
-from kvtiers.keys import make_key
+from kvtiers.contract.jobs import TransferJob
+from kvtiers.contract.keys import make_key
 
 from tests.fs.helpers import BB, block_data, context, open_tier
 

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvtiers.keys import BlockKey
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.tier import TierContext
 from kvtiers.testing import JobTracker, make_context, make_namespace
-from kvtiers.tier import TierContext
 from kvtiers_fs import layout
 from kvtiers_fs.tier import FsTier
 

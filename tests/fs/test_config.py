@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvtiers.config.model import TierSection
-from kvtiers.lookup import LookupResult
+from kvtiers.contract import create_tier
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing import make_context, random_keys
-from kvtiers.tiers import create_tier
 
 
 def test_a_private_root_answers_miss_at_once_and_a_shared_one_probes(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import kvtiers_fs.blockio as blockio
 import pytest
-from kvtiers.clock import ManualClock
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing import JobTracker, random_keys, resolve_lookup, snapshot
 
 from tests.fs.helpers import (

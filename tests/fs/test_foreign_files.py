@@ -9,9 +9,9 @@ import random
 from pathlib import Path
 
 import pytest
-from kvtiers.integrity import checksum
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.sdk.integrity import checksum
 from kvtiers.testing import random_keys, resolve_lookup
 from kvtiers_fs import layout
 

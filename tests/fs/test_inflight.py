@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvtiers.clock import ManualClock
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing import JobTracker, random_keys, resolve_lookup, wait_until
 
 from tests.fs.child import read_log, stop_while_writing

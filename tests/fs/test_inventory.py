@@ -1,4 +1,4 @@
-"""`FsTier.inventory()` (kvtiers.inventory) says what the tier holds, and removals -
+"""`FsTier.inventory()` (kvtiers.contract.inventory) says what the tier holds, and removals -
 evictions, damaged blocks dropped, blocks another process removed - reach
 `ctx.events` as keys."""
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kvtiers.inventory import TierInventory
+from kvtiers.contract.inventory import TierInventory
 from kvtiers.testing import random_keys
 
 from tests.fs.helpers import FILE, context, load_and_check, open_tier, store_keys
@@ -73,7 +73,7 @@ def test_removals_reach_the_events(tmp_path: Path) -> None:
 
 
 def test_the_contract_default_names_the_class() -> None:
-    from kvtiers.tier import SecondaryTier
+    from kvtiers.contract.tier import SecondaryTier
 
     class Bare(SecondaryTier):
         lookup = submit_store = submit_load = get_finished_jobs = drain = close = stats = \

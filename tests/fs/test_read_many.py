@@ -9,7 +9,7 @@ from pathlib import Path
 
 import kvtiers_fs.blockio as blockio
 import pytest
-from kvtiers.jobs import FailureReason
+from kvtiers.contract.jobs import FailureReason
 from kvtiers.testing import random_keys
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import ReadOutcome

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-from kvtiers.jobs import FailureReason
-from kvtiers.keys import make_key
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.keys import make_key
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import ReadOutcome
 from kvtiers_fs.store import Verdict

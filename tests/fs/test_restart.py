@@ -9,7 +9,7 @@ from typing import Any
 
 import kvtiers_fs.store as store_mod
 import pytest
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing import random_keys, resolve_lookup
 from kvtiers_fs import layout
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing import resolve_lookup
 
 from tests.fs.child import read_log, writer

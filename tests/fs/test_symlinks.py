@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.errors import ConfigError
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
 from kvtiers.testing import random_keys, resolve_lookup
 
 from tests.fs.helpers import context, load_and_check, ns_dir, open_tier, store_keys

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kvtiers.clock import ManualClock
+from kvtiers.contract.clock import ManualClock
 from kvtiers_fs.verdict import Verdict
 from kvtiers_fs.waits import ABSENT, COMMITTED, PENDING, IntentWaits
 

@@ -9,16 +9,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from kvtiers.clock import ManualClock
 from kvtiers.config.model import TierSection
-from kvtiers.keys import make_key
-from kvtiers.lookup import LookupResult
+from kvtiers.contract import create_tier
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.keys import make_key
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.namespace import BlockGeometry, Namespace
+from kvtiers.contract.pool_view import PoolView
+from kvtiers.contract.tier import SecondaryTier, TierContext
 from kvtiers.manager import TieringOffloadingManager
-from kvtiers.namespace import BlockGeometry, Namespace
 from kvtiers.policies.lru import LRUPolicy
-from kvtiers.pool_view import PoolView
-from kvtiers.tier import SecondaryTier, TierContext
-from kvtiers.tiers import create_tier
 
 BLOCK = 4096 + 512  # not a multiple of 4 KiB: slots are rounded up
 

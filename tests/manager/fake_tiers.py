@@ -14,13 +14,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from kvtiers.integrity import checksum
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.probe import AsyncProbe
-from kvtiers.stats import TierStats
-from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.contract.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.stats import TierStats
+from kvtiers.contract.tier import SecondaryTier, TierContext
+from kvtiers.sdk.integrity import checksum
+from kvtiers.sdk.probe import AsyncProbe
 from kvtiers.tiers.memory import MemoryTier
 
 

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from kvtiers.contract.pool_view import PoolView
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.manager.slot_state import (
     DIRTY,
@@ -19,7 +20,6 @@ from kvtiers.manager.slot_state import (
     READY,
     STORING,
 )
-from kvtiers.pool_view import PoolView
 
 Content = Callable[[bytes], bytes] | Mapping[bytes, bytes]
 

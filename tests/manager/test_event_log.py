@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kvtiers.contract.events import TierEvents
 from kvtiers.manager.event_log import EventLog
-from kvtiers.tier_events import TierEvents
 
 from tests.manager.conftest import key
 

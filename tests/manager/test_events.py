@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import sys
 
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.tier import TierContext
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.policies.lru import LRUPolicy
-from kvtiers.tier import TierContext
 
 from tests.manager.conftest import BLOCK, key, memory_tier
 from tests.manager.fake_tiers import ScriptedTier

@@ -11,8 +11,8 @@ import logging
 import os
 
 import pytest
-from kvtiers.jobs import JobResult
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.jobs import JobResult
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.manager import PrefixLookup
 
 from tests.manager.conftest import BLOCK, key, memory_tier

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.metrics_instrument import MeteredTier
-from kvtiers.metrics_recorder import MetricsRecorder
-from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.tier import SecondaryTier, TierContext
+from kvtiers.manager.metered_tier import MeteredTier
+from kvtiers.metrics.recorder import MetricsRecorder
 from kvtiers.tiers.faulty import FaultyTier
 from kvtiers.tiers.memory import MemoryTier
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
+from kvtiers.contract.jobs import TransferJob
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.stats import TierStats
+from kvtiers.contract.tier import SecondaryTier, TierContext
 from kvtiers.errors import KvtiersError
-from kvtiers.jobs import TransferJob
-from kvtiers.lookup import LookupResult
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.policies.lru import LRUPolicy
-from kvtiers.stats import TierStats
-from kvtiers.tier import SecondaryTier, TierContext
 
 from tests.manager.conftest import BLOCK, faulty, key, memory_tier
 

@@ -12,10 +12,10 @@ from collections import Counter
 from typing import Any, ClassVar
 
 import pytest
-from kvtiers.jobs import TransferJob
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.jobs import TransferJob
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.parent import ParentManager
 from kvtiers.manager import TieringOffloadingManager
-from kvtiers.parent import ParentManager
 from kvtiers.policies.lru import LRUPolicy
 
 from tests.manager.conftest import BLOCK, Harness, key, memory_tier

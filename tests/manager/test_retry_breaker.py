@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from kvtiers.clock import ManualClock
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.errors import KvtiersError
-from kvtiers.lookup import LookupResult
 from kvtiers.manager import PrefixLookup, TieringOffloadingManager
 from kvtiers.manager.breaker import BreakerState, CircuitBreaker
 from kvtiers.policies.lru import LRUPolicy

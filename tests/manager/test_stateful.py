@@ -37,14 +37,14 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from kvtiers.lookup import LookupResult
-from kvtiers.manager.events import OffloadEvent
+from kvtiers.contract.eviction import EvictionPolicy
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.tier import TierContext
+from kvtiers.manager.outputs import OffloadEvent
 from kvtiers.manager.slot_state import PROMOTING, READY, STORING
 from kvtiers.policies.arc import ARCPolicy
-from kvtiers.policies.base import EvictionPolicy
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.policies.sieve import SievePolicy
-from kvtiers.tier import TierContext
 from kvtiers.tiers.faulty import FaultyTier
 from kvtiers.tiers.memory import MemoryTier
 

@@ -7,17 +7,17 @@ import itertools
 import os
 
 import pytest
-from kvtiers.clock import ManualClock
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.namespace import BlockGeometry, Namespace
+from kvtiers.contract.pool_view import PoolView
+from kvtiers.contract.tier import TierContext
 from kvtiers.manager.event_log import EventLog
 from kvtiers.manager.peer_jobs import PeerJobs
 from kvtiers.manager.slot_state import FREE, PROMOTING, QUARANTINED, READY
 from kvtiers.manager.slot_table import SlotTable
 from kvtiers.manager.tier_traffic import TierTraffic
-from kvtiers.namespace import BlockGeometry, Namespace
 from kvtiers.policies.lru import LRUPolicy
-from kvtiers.pool_view import PoolView
-from kvtiers.tier import TierContext
 
 from tests.manager.conftest import BLOCK, key
 from tests.manager.fake_tiers import ScriptedTier

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtiers.config import load_config
-from kvtiers.keys import BlockKey, make_key
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.keys import BlockKey, make_key
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.namespace import BlockGeometry, Namespace
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.manager.build import build_manager
-from kvtiers.namespace import BlockGeometry, Namespace
 from kvtiers.pool import CpuPool, pool_shape
 
 GEOMETRY = BlockGeometry(layers=2, kv_heads=2, head_size=64, dtype="float16", tokens_per_block=16)

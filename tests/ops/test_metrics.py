@@ -10,18 +10,19 @@ from typing import Any
 
 import pytest
 from kvtiers.config import load_config
-from kvtiers.keys import make_key
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.keys import make_key
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.metrics import LabelledSink
+from kvtiers.contract.namespace import BlockGeometry, Namespace
+from kvtiers.contract.pool_view import PoolView
 from kvtiers.manager.build import build_manager
-from kvtiers.metrics import LabelledSink
-from kvtiers.metrics_defs import ALL_METRICS, JOB_BUCKETS
-from kvtiers.metrics_instrument import MeteredManager, MeteredTier
-from kvtiers.metrics_recorder import MetricsRecorder
-from kvtiers.namespace import BlockGeometry, Namespace
-from kvtiers.pool_view import PoolView
+from kvtiers.manager.metered_tier import MeteredTier
+from kvtiers.metrics.defs import ALL_METRICS, JOB_BUCKETS
+from kvtiers.metrics.instrument import MeteredManager
+from kvtiers.metrics.recorder import MetricsRecorder
 
 prometheus_client = pytest.importorskip("prometheus_client")
-from kvtiers.metrics_prom import MetricsExporter  # noqa: E402
+from kvtiers.metrics.prometheus import MetricsExporter  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 BLOCK = 8192

@@ -1,11 +1,11 @@
-"""docs/metrics.md is generated from the definitions (kvtiers.metrics_defs)."""
+"""docs/metrics.md is generated from the definitions (kvtiers.metrics.defs)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from kvtiers.metrics_defs import ALL_METRICS, MetricDef, render_markdown
+from kvtiers.metrics.defs import ALL_METRICS, MetricDef, render_markdown
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -13,7 +13,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 def test_docs_page_is_the_generated_one() -> None:
     assert DOC.read_text() == render_markdown(), (
         "docs/metrics.md is stale: PYTHONPATH=kvtiers-core/src python -m "
-        "kvtiers.metrics_defs > docs/metrics.md")
+        "kvtiers.metrics.defs > docs/metrics.md")
 
 
 def test_every_metric_is_named_after_the_prometheus_conventions() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvtiers.metrics_defs import ALL_METRICS
+from kvtiers.metrics.defs import ALL_METRICS
 
 from tests.bench.conftest import REPO, small_pool
 
@@ -95,10 +95,11 @@ def test_without_prometheus_client_the_option_names_the_extra() -> None:
 
 def test_without_prometheus_client_everything_else_works(tmp_path: Path) -> None:
     code = (
-        "import kvtiers.metrics_recorder as r, kvtiers.metrics_instrument, kvtiers.metrics_prom\n"
+        "import kvtiers.metrics.recorder as r, kvtiers.metrics.instrument\n"
+        "import kvtiers.metrics.prometheus\n"
         "rec = r.MetricsRecorder(); rec.count('tier_lookup', tier='x', result='hit')\n"
         "assert dict(rec.counters('tier_lookup'))\n"
-        "try:\n    kvtiers.metrics_prom.MetricsExporter(rec)\n"
+        "try:\n    kvtiers.metrics.prometheus.MetricsExporter(rec)\n"
         "except ImportError as e:\n    print('refused', e.extra)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from kvtiers.config import load_config
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.namespace import BlockGeometry, Namespace
+from kvtiers.contract.pool_view import PoolView
 from kvtiers.manager.build import build_manager
-from kvtiers.namespace import BlockGeometry, Namespace
-from kvtiers.pool_view import PoolView
 from kvtiers.testing import make_namespace, random_keys
 
 from tests.bench.conftest import BLOCK as BENCH_BLOCK
@@ -244,7 +244,7 @@ def test_a_tier_without_an_order_gives_its_newest_first(tmp_path: Path) -> None:
     third-party tier's default): newest by `stored_at` stands for hottest."""
     import dataclasses
 
-    from kvtiers.inventory import TierInventory
+    from kvtiers.contract.inventory import TierInventory
     from kvtiers.ops.snapshot import hottest_first
 
     root = tmp_path / "a"

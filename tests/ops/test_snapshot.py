@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing import random_keys
 
 from tests.fs.helpers import FILE, context, load_and_check, open_tier, store_keys

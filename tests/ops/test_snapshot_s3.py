@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing import random_keys
 
 from tests.fs.helpers import FILE, context, load_and_check, open_tier, store_keys
@@ -145,11 +145,11 @@ def test_a_cpu_pool_snapshot_through_s3(server: S3Server) -> None:
     """`save_pool` / `load_pool` with explicit storage options: a fresh pool holds
     every block byte for byte, and each is a hit."""
     from kvtiers.config import load_config
+    from kvtiers.contract.pool_view import PoolView
     from kvtiers.manager import TieringOffloadingManager
     from kvtiers.manager.build import build_manager
     from kvtiers.ops.pool_snapshot import load_pool, save_pool
     from kvtiers.ops.snapshot_store import SnapshotReader, rows_per_chunk
-    from kvtiers.pool_view import PoolView
     from kvtiers.testing import make_namespace
 
     bb = 1 << 16

@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvtiers.clock import monotonic
-from kvtiers.keys import BlockKey, make_key
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.clock import monotonic
+from kvtiers.contract.keys import BlockKey, make_key
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.pool_view import PoolView
+from kvtiers.contract.tier import TierContext
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.policies.lru import LRUPolicy
-from kvtiers.pool_view import PoolView
 from kvtiers.testing import make_namespace
-from kvtiers.tier import TierContext
 from kvtiers_p2p.tier import P2PTier
 
 BB = 16384

@@ -21,8 +21,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from kvtiers.jobs import TransferJob
-from kvtiers.keys import BlockKey
+from kvtiers.contract.jobs import TransferJob
+from kvtiers.contract.keys import BlockKey
 
 from tests.p2p.engine import BB, MODEL, Engine, block_data, keys_for
 

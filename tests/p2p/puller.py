@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
 
 from tests.p2p.engine import BB, Engine, block_data, keys_for
 

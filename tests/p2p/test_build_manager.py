@@ -9,8 +9,8 @@ import socket
 import time
 
 from kvtiers import TieringOffloadingManager, build_manager, load_config
-from kvtiers.lookup import LookupResult
-from kvtiers.pool_view import PoolView
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.pool_view import PoolView
 from kvtiers.testing import make_namespace
 
 from tests.p2p.engine import BB, FAST, SLOTS

@@ -13,9 +13,9 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvtiers.integrity import checksum
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.sdk.integrity import checksum
 from kvtiers_p2p.client import fetch_bounds, nixl_fetch_bounds
 from kvtiers_p2p.codec import decode_client, encode
 from kvtiers_p2p.protocol import (

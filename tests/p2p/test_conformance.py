@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import pytest
 from kvtiers import SecondaryTier, TierContext
-from kvtiers.keys import BlockKey
+from kvtiers.contract.keys import BlockKey
 from kvtiers.testing import TierConformance
 from kvtiers_p2p.nixl_plane import nixl_available
 from kvtiers_p2p.tier import P2PTier

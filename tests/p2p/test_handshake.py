@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
 from kvtiers_p2p.handshake import Identity, choose_plane, refusal, seed_fingerprint
 from kvtiers_p2p.protocol import PROTOCOL_VERSION, DataPlane, Hello
 

@@ -11,9 +11,9 @@ import os
 import time
 
 import pytest
-from kvtiers.integrity import checksum
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.sdk.integrity import checksum
 from kvtiers_p2p.codec import encode
 from kvtiers_p2p.leases import USE_SHARE, Leases
 from kvtiers_p2p.nixl_plane import nixl_available

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.errors import ConfigError
-from kvtiers.lookup import LookupResult
 from kvtiers.testing import make_context
 from kvtiers_p2p.nixl_plane import nixl_available
 from kvtiers_p2p.tier import P2PTier

@@ -15,9 +15,9 @@ from typing import Any, cast
 
 import kvtiers_p2p.nixl_reads as nixl_reads
 import pytest
-from kvtiers.integrity import checksum
-from kvtiers.jobs import FailureReason
-from kvtiers.pool_view import PoolView
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.pool_view import PoolView
+from kvtiers.sdk.integrity import checksum
 from kvtiers_p2p.nixl_reads import NixlReads, piece_blocks
 from kvtiers_p2p.protocol import DataPlane, State, TransferDone
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 from kvtiers.config.loader import load_config
+from kvtiers.config.options import resolve_options
 from kvtiers.errors import ConfigError
-from kvtiers.options import resolve_options
 from kvtiers.plugins.registry import Registry, load_registry
 from kvtiers_p2p.schema import P2P_SCHEMA
 from kvtiers_p2p.tier import P2PTier

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
 from kvtiers_p2p import prefills as prefills_mod
 from kvtiers_p2p.client import PeerLink
 from kvtiers_p2p.prefills import Prefills

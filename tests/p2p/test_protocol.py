@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvtiers.keys import GROUP_BYTES
+from kvtiers.contract.keys import GROUP_BYTES
 from kvtiers_p2p.codec import ProtocolError, check_slots, decode_client, decode_server, encode
 from kvtiers_p2p.protocol import (
     MAX_CONTROL_BYTES,

@@ -3,7 +3,7 @@ the other finds them through its p2p tier and loads them; bytes verified."""
 
 from __future__ import annotations
 
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
 
 from tests.p2p.conftest import MakeEngine, StartPeer
 from tests.p2p.engine import keys_for, wait_for

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
 from kvtiers_p2p.security import KeyFileError, keygen, load_secret
 
 from tests.p2p.conftest import MakeEngine

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.lookup import LookupResult
 
 from tests.p2p.conftest import ROOT, MakeEngine, child_env
 from tests.p2p.engine import BB, FAST, SLOTS, keys_for

@@ -15,7 +15,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvtiers.integrity import checksum
+from kvtiers.sdk.integrity import checksum
 from kvtiers_p2p.codec import decode_server, encode
 from kvtiers_p2p.protocol import (
     Abort,

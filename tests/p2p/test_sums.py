@@ -7,14 +7,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from kvtiers.integrity import checksum
-from kvtiers.jobs import TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.jobs import TransferJob
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.parent import ParentManager
+from kvtiers.contract.pool_view import PoolView
 from kvtiers.manager import TieringOffloadingManager
-from kvtiers.parent import ParentManager
 from kvtiers.policies.lru import LRUPolicy
-from kvtiers.pool_view import PoolView
+from kvtiers.sdk.integrity import checksum
 from kvtiers_p2p.sums import BlockSums
 
 from tests.p2p.engine import keys_for

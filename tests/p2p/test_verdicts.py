@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtiers.jobs import FailureReason
+from kvtiers.contract.jobs import FailureReason
 from kvtiers_p2p.protocol import State
 from kvtiers_p2p.verdicts import mark_corrupt, outcomes_of
 

@@ -18,9 +18,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.plugins import Registry, load_registry
 from kvtiers.plugins.registry import ENTRY_POINT_GROUP
-from kvtiers.tier import CONTRACT_VERSION
 
 
 def tier_module(*names: str, contract_version: int = CONTRACT_VERSION) -> str:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from kvtiers import __version__
+from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.errors import PluginError
 from kvtiers.plugins import CommandRecord
-from kvtiers.tier import CONTRACT_VERSION
 
 from .conftest import FakePlugins, tier_module
 

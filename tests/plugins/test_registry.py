@@ -10,10 +10,10 @@ import textwrap
 from typing import Any
 
 import pytest
+from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.errors import PluginError, UnknownNameError
 from kvtiers.plugins import Registry, TierRecord
 from kvtiers.plugins.registry import CORE_DISTRIBUTION, ENV_ALLOW, ENV_DISABLE
-from kvtiers.tier import CONTRACT_VERSION
 
 from .conftest import FakePlugins, tier_module
 

@@ -1,4 +1,4 @@
-"""The contract every eviction policy keeps (see `kvtiers.policies.base`), as one test
+"""The contract every eviction policy keeps (see `kvtiers.contract.eviction`), as one test
 class: a policy's test module subclasses `PolicyContract`, sets `policy_cls`, and adds
 tests of its own ordering."""
 
@@ -20,7 +20,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from kvtiers.policies.base import EvictionPolicy
+from kvtiers.contract.eviction import EvictionPolicy
 
 KEYS = [f"k{i}" for i in range(12)]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtiers.policies.base import EvictionPolicy
+from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.policies.sieve import SievePolicy
 

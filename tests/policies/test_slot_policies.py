@@ -17,9 +17,9 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.policies import slot_links
 from kvtiers.policies.arc import ARCPolicy
-from kvtiers.policies.base import EvictionPolicy
 from kvtiers.policies.ghosts import GhostLists
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.policies.sieve import SievePolicy

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvtiers import TierContext
-from kvtiers.clock import Clock
-from kvtiers.pool_view import PoolView
+from kvtiers.contract.clock import Clock
+from kvtiers.contract.pool_view import PoolView
 from kvtiers.testing import make_context, make_namespace
 from kvtiers_redis.tier import RedisTier
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtiers.tier import TierContext
+from kvtiers.contract.tier import TierContext
 from kvtiers_s3.tier import S3Tier
 
 from tests.s3.servers import S3Server

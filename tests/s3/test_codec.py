@@ -7,7 +7,7 @@ import os
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from kvtiers.integrity import verify
+from kvtiers.sdk.integrity import verify
 from kvtiers_s3.codec import (
     FIXED_BYTES,
     MAGIC,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvtiers.jobs import FailureReason
+from kvtiers.contract.jobs import FailureReason
 from kvtiers_s3.connect import open_filesystem
 from kvtiers_s3.names import BLOCKS, block_name, namespace_root, shard_prefixes
 from kvtiers_s3.objects import ObjectStore, classify

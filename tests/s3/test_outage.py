@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing import (
     JobTracker,
     check_blocks,

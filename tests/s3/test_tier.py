@@ -9,9 +9,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.errors import ConfigError
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
 from kvtiers.testing import (
     JobTracker,
     check_blocks,

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from kvtiers import FailureReason, JobResult, TransferJob
-from kvtiers.clock import ManualClock
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.tier import TierContext
 from kvtiers.sdk import Deferred, Job, JobEngine, JobHooks, Outcome
 from kvtiers.testing import make_context, random_keys, wait_until
-from kvtiers.tier import TierContext
 
 BB = 16384
 NAME = "kvtiers-deferral-test"

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from kvtiers import FailureReason, JobResult, TransferJob
-from kvtiers.clock import ManualClock
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.stats import StatsRecorder
+from kvtiers.contract.tier import TierContext
 from kvtiers.sdk import LOAD, STORE, Job, JobEngine, JobHooks, Outcome
-from kvtiers.stats import StatsRecorder
 from kvtiers.testing import make_context, random_keys, wait_until
-from kvtiers.tier import TierContext
 
 BB = 16384
 

@@ -21,8 +21,8 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.policies import ARCPolicy, LRUPolicy, SievePolicy
-from kvtiers.policies.base import EvictionPolicy
 from kvtiers.sdk import BoundedIndex, Pins, Reservation, Verdict
 from kvtiers.testing import make_context
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from kvtiers.namespace import BlockGeometry
+from kvtiers.contract.namespace import BlockGeometry
 from kvtiers.swap import KVLayout, MethodPolicy
 from kvtiers.swap.plan import check_blocks, make_runs, split_runs
 

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from kvtiers.jobs import FailureReason, JobResult
+from kvtiers.contract.jobs import FailureReason, JobResult
+from kvtiers.contract.pool_view import round_up
 from kvtiers.pool import CpuPool
-from kvtiers.pool_view import round_up
 from kvtiers.swap import DeviceSwapper, KVLayout, SwapResult
 
 from tests.swap.conftest import CUDA, collect, cuda_only

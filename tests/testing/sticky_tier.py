@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtiers import LookupResult, SecondaryTier, TierContext
-from kvtiers.keys import BlockKey
+from kvtiers.contract.keys import BlockKey
 from kvtiers.tiers.memory import BlockStore, MemoryTier
 
 _STORES: dict[tuple[str, str], BlockStore] = {}

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import pytest
 from kvtiers import FailureReason, JobResult, SecondaryTier, TierContext, TransferJob
-from kvtiers.keys import BlockKey
+from kvtiers.contract.keys import BlockKey
 from kvtiers.testing import (
     JobTracker,
     TierConformance,

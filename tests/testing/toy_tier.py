@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtiers import FailureReason, JobResult, LookupResult, SecondaryTier, TierContext
-from kvtiers.integrity import checksum
-from kvtiers.jobs import TransferJob
-from kvtiers.keys import BlockKey, key_hash
-from kvtiers.stats import StatsRecorder, TierStats
+from kvtiers.contract.jobs import TransferJob
+from kvtiers.contract.keys import BlockKey, key_hash
+from kvtiers.contract.stats import StatsRecorder, TierStats
+from kvtiers.sdk.integrity import checksum
 
 BUGS = {
     "no_pin": "a load does not pin its blocks: a store may evict them before it reads",

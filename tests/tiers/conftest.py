@@ -1,7 +1,7 @@
 from collections.abc import Iterator
 
 import pytest
-from kvtiers.tier import SecondaryTier
+from kvtiers.contract.tier import SecondaryTier
 
 # Plain `assert`s in the conformance kit get pytest's detailed failure messages.
 pytest.register_assert_rewrite("kvtiers.testing")

@@ -9,12 +9,12 @@ import jsonschema
 import pytest
 from kvtiers import PluginError, SecondaryTier, TierContext
 from kvtiers.config.model import TierSection
+from kvtiers.contract import CONTRACT_VERSION, create_tier
 from kvtiers.errors import UnknownNameError
 from kvtiers.plugins import Registered, TierRecord, get_registry
 from kvtiers.plugins.registry import Registry
 from kvtiers.testing import make_context
-from kvtiers.tier import CONTRACT_VERSION
-from kvtiers.tiers import FaultyTier, MemoryTier, create_tier
+from kvtiers.tiers import FaultyTier, MemoryTier
 
 BB = 16384
 

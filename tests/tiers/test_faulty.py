@@ -7,9 +7,10 @@ from typing import Any, ClassVar
 
 import pytest
 from kvtiers import ConfigError, FailureReason, LookupResult, SecondaryTier, TierContext
-from kvtiers.clock import ManualClock
 from kvtiers.config.model import TierSection
-from kvtiers.keys import BlockKey
+from kvtiers.contract import CONTRACT_VERSION, create_tier
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.keys import BlockKey
 from kvtiers.plugins import Registered, TierRecord, get_registry
 from kvtiers.plugins.registry import Registry
 from kvtiers.testing import (
@@ -20,8 +21,7 @@ from kvtiers.testing import (
     poison_slots,
     random_keys,
 )
-from kvtiers.tier import CONTRACT_VERSION
-from kvtiers.tiers import FaultyTier, MemoryTier, create_tier
+from kvtiers.tiers import FaultyTier, MemoryTier
 
 BB = 16384
 CAPACITY = 256 * BB

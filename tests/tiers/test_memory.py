@@ -11,12 +11,13 @@ from typing import Any, ClassVar
 import pytest
 from kvtiers import ConfigError, FailureReason, LookupResult, SecondaryTier, TierContext
 from kvtiers.config.model import TierSection
+from kvtiers.contract import CONTRACT_VERSION, create_tier
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.pool_view import PoolView, round_up
 from kvtiers.errors import UnknownNameError
-from kvtiers.keys import BlockKey
 from kvtiers.plugins import PolicyRecord, Registered, TierRecord, get_registry
 from kvtiers.plugins.registry import Registry
 from kvtiers.policies.lru import LRUPolicy
-from kvtiers.pool_view import PoolView, round_up
 from kvtiers.testing import (
     JobTracker,
     TierConformance,
@@ -27,8 +28,7 @@ from kvtiers.testing import (
     random_keys,
     resolve_lookup,
 )
-from kvtiers.tier import CONTRACT_VERSION
-from kvtiers.tiers import MemoryTier, create_tier
+from kvtiers.tiers import MemoryTier
 
 BB = 16384
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from kvtiers.config import load_config
+from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.errors import ConfigError
 from kvtiers.plugins import VllmSpecRecord, VllmTierRecord, hookimpl, load_registry
-from kvtiers.tier import CONTRACT_VERSION
 
 MEMORY = {"type": "memory", "capacity_bytes": 1 << 20}
 

@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvtiers.keys import BlockKey  # noqa: E402
-from kvtiers.lookup import LookupResult  # noqa: E402
+from kvtiers.contract.keys import BlockKey  # noqa: E402
+from kvtiers.contract.lookup import LookupResult  # noqa: E402
 from kvtiers.tiers.memory import MemoryTier  # noqa: E402
 
 from tests.vllm import harness as h  # noqa: E402

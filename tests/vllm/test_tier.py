@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from kvtiers import key_group  # noqa: E402
-from kvtiers.keys import key_hash  # noqa: E402
+from kvtiers.contract.keys import key_hash  # noqa: E402
 from kvtiers_vllm import compat, tier_metrics  # noqa: E402
 from kvtiers_vllm.plugin import SPEC_NAME, TIER_TYPE, register  # noqa: E402
 from kvtiers_vllm.tier import KvtiersTier  # noqa: E402

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtiers import SecondaryTier, TierContext
-from kvtiers.integrity import CHECKSUM_BYTES
+from kvtiers.sdk import CHECKSUM_BYTES, SecondaryTier, TierContext
 from kvtiers.testing import JobTracker, TierConformance, fill_slots, make_context, random_keys
 from kvtiers_scratch.tier import ScratchTier
 

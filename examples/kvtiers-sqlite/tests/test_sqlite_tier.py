@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kvtiers import FailureReason, KvtiersError, LookupResult, SecondaryTier, TierContext
+from kvtiers.errors import KvtiersError
+from kvtiers.sdk import FailureReason, LookupResult, SecondaryTier, TierContext
 from kvtiers.testing import (
     JobTracker,
     TierConformance,

@@ -14,15 +14,15 @@ and its `view`), `prefix_block_hashes`, and the worker side's `DeviceSwapper` an
 
 from typing import TYPE_CHECKING, Any
 
+from kvtiers.contract import CONTRACT_VERSION, SecondaryTier, TierContext
+from kvtiers.contract.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.contract.keys import BlockKey, key_group, make_key
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.namespace import FORMAT_VERSION, BlockGeometry, Namespace
+from kvtiers.contract.parent import ParentManager
+from kvtiers.contract.pool_view import PoolView
+from kvtiers.contract.stats import TierStats
 from kvtiers.errors import ConfigError, KvtiersError, MissingExtraError, PluginError
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey, key_group, make_key
-from kvtiers.lookup import LookupResult
-from kvtiers.namespace import FORMAT_VERSION, BlockGeometry, Namespace
-from kvtiers.parent import ParentManager
-from kvtiers.pool_view import PoolView
-from kvtiers.stats import TierStats
-from kvtiers.tier import CONTRACT_VERSION, SecondaryTier, TierContext
 
 if TYPE_CHECKING:
     from kvtiers.config.loader import load_config

@@ -88,3 +88,15 @@ class ConfigWarning(_Remark):
     `kvtiers validate` prints it as a warning; nothing is refused."""
 
     __slots__ = ()
+
+
+__all__ = [
+    "ConfigError",
+    "ConfigNote",
+    "ConfigProblem",
+    "ConfigWarning",
+    "KvtiersError",
+    "MissingExtraError",
+    "PluginError",
+    "UnknownNameError",
+]

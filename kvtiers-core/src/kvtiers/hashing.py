@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Union
 
-from kvtiers.keys import BlockKey, make_key
+from kvtiers.contract.keys import BlockKey, make_key
 
 if TYPE_CHECKING:
     from _hashlib import HASH
@@ -138,7 +138,7 @@ def _check_parent(parent: bytes) -> None:
     if not isinstance(parent, bytes) or len(parent) != HASH_SIZE:
         raise ValueError(
             f"parent must be a {HASH_SIZE}-byte block hash (a key's hash part: "
-            f"kvtiers.keys.key_hash), got {parent!r:.60}"
+            f"kvtiers.contract.keys.key_hash), got {parent!r:.60}"
         )
 
 

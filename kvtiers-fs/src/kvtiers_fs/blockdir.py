@@ -19,7 +19,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable
 
-from kvtiers.inventory import BlockRecord
+from kvtiers.sdk import BlockRecord
 
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import verify_block_file

@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from kvtiers.integrity import checksum
+from kvtiers.sdk import checksum
 
 from kvtiers_fs import layout
 from kvtiers_fs.layout import ALIGN, HEADER_BYTES, HeaderError

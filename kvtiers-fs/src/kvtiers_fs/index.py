@@ -31,8 +31,7 @@ from collections.abc import Generator, Iterable
 from contextlib import closing
 from itertools import islice
 
-from kvtiers.policies.base import EvictionPolicy
-from kvtiers.sdk import BoundedIndex, Pins
+from kvtiers.sdk import BoundedIndex, EvictionPolicy, Pins
 
 from kvtiers_fs import journal as jr
 from kvtiers_fs.journal import Record

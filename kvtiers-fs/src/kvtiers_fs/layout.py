@@ -21,7 +21,7 @@ Header (little-endian; offsets in bytes):
 
     0  magic "KVTIERFS"           8  layout version (u32)    12  header length (u32)
    16  block bytes (u64)         24  data offset (u64, 4096)
-   32  block checksum (u64: xxh3-64 of the block bytes, `kvtiers.integrity`)
+   32  block checksum (u64: xxh3-64 of the block bytes, `kvtiers.sdk.integrity`)
    40  namespace fingerprint (32 ASCII)                     72  key length (u16)
    74  6 reserved bytes (zero)   80  the key                 80+len  xxh3-64 of bytes 0..80+len
 
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import xxhash
-from kvtiers.keys import BlockKey
+from kvtiers.sdk import BlockKey
 
 ALIGN = 4096
 HEADER_BYTES = 4096  # the header page; block bytes start here

@@ -18,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvtiers.namespace import Namespace
+from kvtiers.sdk import Namespace
 
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout

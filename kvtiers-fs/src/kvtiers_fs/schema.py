@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtiers.errors import ConfigError, ConfigNote, ConfigProblem
-from kvtiers.humanize import format_bytes
+from kvtiers.sdk import format_bytes
 
 from kvtiers_fs.namespaces import list_namespaces
 

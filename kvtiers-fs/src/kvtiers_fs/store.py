@@ -71,11 +71,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-from kvtiers.clock import Clock
-from kvtiers.inventory import NamespaceInventory
-from kvtiers.namespace import Namespace
-from kvtiers.policies.base import EvictionPolicy
-from kvtiers.sdk import Pins
+from kvtiers.sdk import Clock, EvictionPolicy, Namespace, NamespaceInventory, Pins
 
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
@@ -395,7 +391,7 @@ class RootStore:
         return self.blocks.shard(idn, create=create)
 
     def inventory(self, *, ages: bool = False) -> NamespaceInventory:
-        """What this namespace holds on this root (see `kvtiers.inventory`), after
+        """What this namespace holds on this root (see `kvtiers.contract.inventory`), after
         reading what other writers appended. Blocks; time proportional to the blocks
         (plus a stat per block with `ages`); never the scheduler thread's."""
         self.sync()

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtiers.inventory import BlockRecord, NamespaceInventory
+from kvtiers.sdk import BlockRecord, NamespaceInventory
 
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout

@@ -34,16 +34,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvtiers.errors import ConfigError, ConfigProblem
-from kvtiers.inventory import TierInventory
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.options import resolve_options
-from kvtiers.probe import AsyncProbe
-from kvtiers.sdk import Deferred, Job, JobEngine, JobHooks, Outcome, Pins
-from kvtiers.stats import StatsRecorder, TierStats
-from kvtiers.tier import SecondaryTier, TierContext
-from kvtiers.verification import Progress, VerifyReport
+from kvtiers.sdk import (
+    AsyncProbe,
+    BlockKey,
+    Deferred,
+    FailureReason,
+    Job,
+    JobEngine,
+    JobHooks,
+    JobResult,
+    LookupResult,
+    Outcome,
+    Pins,
+    Progress,
+    SecondaryTier,
+    StatsRecorder,
+    TierContext,
+    TierInventory,
+    TierStats,
+    TransferJob,
+    VerifyReport,
+    resolve_options,
+)
 
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import BlockIO, ReadOutcome, ReadResult, probe_o_direct

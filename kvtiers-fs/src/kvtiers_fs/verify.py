@@ -24,10 +24,7 @@ import os
 import stat
 from collections.abc import Iterator
 
-from kvtiers.integrity import checksum
-from kvtiers.inventory import NamespaceInventory
-from kvtiers.keys import BlockKey
-from kvtiers.verification import BadBlock, Progress, VerifyReport
+from kvtiers.sdk import BadBlock, BlockKey, NamespaceInventory, Progress, VerifyReport, checksum
 
 from kvtiers_fs import layout
 from kvtiers_fs.layout import HEADER_BYTES, HeaderError, Ident
@@ -48,7 +45,7 @@ def check_file(shard_fd: int, idn: Ident, namespace: str, size: int,
                key: BlockKey | None) -> tuple[str, str] | None:
     """None if the block file of `idn` in `shard_fd` is a valid block of
     `namespace` of `size` file bytes (with key `key` when given); else (reason,
-    detail) with a reason of `kvtiers.verification.REASONS`."""
+    detail) with a reason of `kvtiers.contract.verification.REASONS`."""
     name = layout.block_name(idn)
     try:
         st = os.stat(name, dir_fd=shard_fd, follow_symlinks=False)

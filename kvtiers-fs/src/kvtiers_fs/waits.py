@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from kvtiers.clock import Clock
+from kvtiers.sdk import Clock
 
 from kvtiers_fs.layout import Ident
 from kvtiers_fs.verdict import Verdict

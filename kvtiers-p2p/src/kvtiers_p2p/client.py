@@ -36,12 +36,7 @@ from typing import Any, cast
 
 import zmq
 import zmq.asyncio
-from kvtiers.integrity import land_slots
-from kvtiers.jobs import FailureReason
-from kvtiers.keys import BlockKey
-from kvtiers.pool_view import PoolView
-from kvtiers.sdk.aio import run_off_loop
-from kvtiers.sdk.job import Outcome
+from kvtiers.sdk import BlockKey, FailureReason, Outcome, PoolView, land_slots, run_off_loop
 
 from kvtiers_p2p.codec import ProtocolError, decode_server, encode
 from kvtiers_p2p.leases import Leases, Taken

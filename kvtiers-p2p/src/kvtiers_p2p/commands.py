@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from kvtiers.namespace import DTYPE_BYTES, BlockGeometry, Namespace
+from kvtiers.sdk import DTYPE_BYTES, BlockGeometry, Namespace
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +54,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from kvtiers.config.loader import load_config
+    from kvtiers import load_config
     from kvtiers.errors import ConfigError, ConfigProblem
 
     from kvtiers_p2p.node import CacheNode
@@ -70,7 +70,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError(ConfigProblem("$", f"block geometry: {exc}")) from exc
     namespace = Namespace(model, (geometry,), args.revision)
     if args.metrics_port is not None:
-        from kvtiers.metrics_prom import require_prometheus
+        from kvtiers.metrics import require_prometheus
 
         if not 0 <= args.metrics_port < 65536:
             raise ConfigError(ConfigProblem(
@@ -78,8 +78,7 @@ def run_serve(args: argparse.Namespace) -> int:
         require_prometheus("kvtiers serve --metrics-port")
     storage_options = None
     if args.snapshot_load is not None or args.snapshot_save is not None:
-        from kvtiers.cli.snapshot_cmd import parse_storage_options
-        from kvtiers.ops.snapshot_store import require_zarr
+        from kvtiers.ops import parse_storage_options, require_zarr
 
         require_zarr()
         storage_options = parse_storage_options(args.storage_option)
@@ -96,7 +95,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         recorder = None
         if args.metrics_port is not None:
-            from kvtiers.metrics_recorder import MetricsRecorder
+            from kvtiers.metrics import MetricsRecorder
 
             recorder = MetricsRecorder()
         node = CacheNode(config, namespace, metrics=recorder)
@@ -142,8 +141,7 @@ def _serve_metrics(node: Any, config: Any, recorder: Any, port: int) -> Any:
     config's `metrics.scheduler_call_timing` is off, its stats published from
     `step`; the node built its tiers reporting to `recorder`), served on `port`; the
     server, to close."""
-    from kvtiers.metrics_instrument import MeteredManager
-    from kvtiers.metrics_prom import MetricsExporter
+    from kvtiers.metrics import MeteredManager, MetricsExporter
 
     node.manager = MeteredManager(node.manager, recorder,
                                   call_timing=config.metrics.scheduler_call_timing)
@@ -154,8 +152,7 @@ def _serve_metrics(node: Any, config: Any, recorder: Any, port: int) -> Any:
 
 def _snapshot_load(node: Any, url: str, options: dict[str, Any] | None) -> str:
     """Pre-warm the node's pool from `url` (`kvtiers.ops.pool_snapshot`)."""
-    from kvtiers.ops.pool_snapshot import load_pool
-    from kvtiers.ops.snapshot_store import SnapshotReader
+    from kvtiers.ops import SnapshotReader, load_pool
 
     result = load_pool(node.manager, node.pool.view, node.namespace,
                        SnapshotReader(url, storage_options=options))
@@ -165,7 +162,7 @@ def _snapshot_load(node: Any, url: str, options: dict[str, Any] | None) -> str:
 
 
 def _snapshot_save(node: Any, url: str, options: dict[str, Any] | None) -> str:
-    from kvtiers.ops.pool_snapshot import save_pool
+    from kvtiers.ops import save_pool
 
     result = save_pool(node.manager, node.pool.view, node.namespace, url,
                        storage_options=options)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvtiers.keys import BlockKey
+from kvtiers.sdk import BlockKey
 
 from kvtiers_p2p.protocol import LookupReply, State
 

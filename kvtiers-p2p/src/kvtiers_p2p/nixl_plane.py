@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from kvtiers.pool_view import PoolView
+from kvtiers.sdk import PoolView
 
 from kvtiers_p2p.protocol import DataPlane
 

@@ -35,10 +35,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from kvtiers.integrity import checksum_slots
-from kvtiers.jobs import FailureReason
-from kvtiers.pool_view import PoolView
-from kvtiers.sdk.job import Outcome
+from kvtiers.sdk import FailureReason, Outcome, PoolView, checksum_slots
 
 from kvtiers_p2p.nixl_plane import NixlPlane
 from kvtiers_p2p.protocol import DataPlane, State, TransferDone

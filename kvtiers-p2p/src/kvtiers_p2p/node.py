@@ -17,20 +17,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from kvtiers.admission.base import AdmissionPolicy
-from kvtiers.clock import monotonic
-from kvtiers.config.model import KvtiersConfig
+from kvtiers.config import KvtiersConfig
 from kvtiers.errors import ConfigError, ConfigProblem
-from kvtiers.keys import BlockKey
-from kvtiers.manager import TieringOffloadingManager
-from kvtiers.manager.build import num_slots_for, tier_names
-from kvtiers.metrics import LabelledSink, MetricsSink, NullMetrics
-from kvtiers.namespace import Namespace
-from kvtiers.plugins.registry import Registry, get_registry
-from kvtiers.policies.base import EvictionPolicy
+from kvtiers.manager import TieringOffloadingManager, num_slots_for, tier_names
+from kvtiers.plugins import Registry, get_registry
 from kvtiers.pool import CpuPool
-from kvtiers.tier import SecondaryTier, TierContext
-from kvtiers.tiers import create_tier
+from kvtiers.sdk import (
+    AdmissionPolicy,
+    BlockKey,
+    EvictionPolicy,
+    LabelledSink,
+    MetricsSink,
+    Namespace,
+    NullMetrics,
+    SecondaryTier,
+    TierContext,
+    create_tier,
+    monotonic,
+)
 
 from kvtiers_p2p.protocol import State
 from kvtiers_p2p.sessions import StoreAnswer
@@ -89,7 +93,7 @@ class CacheNode:
                     "$.eviction_policy", f"{config.eviction_policy!r} is not an eviction policy"))
             managed = tiers
             if metrics is not None:
-                from kvtiers.metrics_instrument import MeteredTier  # it imports the manager
+                from kvtiers.manager import MeteredTier  # it imports the manager
 
                 managed = [MeteredTier(t, name, metrics)
                            for t, name in zip(tiers, tier_names(config), strict=True)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtiers.keys import BlockKey
+from kvtiers.sdk import BlockKey
 
 from kvtiers_p2p.client import PeerLink
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
-from kvtiers.keys import GROUP_BYTES
+from kvtiers.sdk import GROUP_BYTES
 
 __all__ = [
     "MAX_CAPABILITIES",
@@ -196,7 +196,7 @@ class Fetch(_Message, tag="fetch"):
 
 class TransferDone(_Message, tag="done"):
     """The end of a `Fetch`: per key a `State`; `checksums[j]` is the xxh3-64 of
-    the j-th PRESENT block (kvtiers.integrity), verified by the puller in its slot
+    the j-th PRESENT block (kvtiers.sdk.integrity), verified by the puller in its slot
     before the key succeeds. On the ZeroMQ plane, one frame per PRESENT key follows,
     in order; on the NIXL plane, `source_slots` say where the puller reads them."""
 

@@ -17,14 +17,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 
-from kvtiers.integrity import checksum
-from kvtiers.jobs import FailureReason
-from kvtiers.keys import BlockKey
-from kvtiers.pool_view import PoolView
-from kvtiers.probe import AsyncProbe
-from kvtiers.sdk.aio import AsyncJobHooks, run_off_loop
-from kvtiers.sdk.job import Job, Outcome
-from kvtiers.stats import StatsRecorder
+from kvtiers.sdk import (
+    AsyncJobHooks,
+    AsyncProbe,
+    BlockKey,
+    FailureReason,
+    Job,
+    Outcome,
+    PoolView,
+    StatsRecorder,
+    checksum,
+    run_off_loop,
+)
 
 from kvtiers_p2p.client import PeerLink
 from kvtiers_p2p.protocol import State

@@ -47,11 +47,7 @@ from typing import Any
 
 import msgspec
 import zmq
-from kvtiers.integrity import checksum
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.parent import ParentManager
-from kvtiers.pool_view import PoolView
+from kvtiers.sdk import BlockKey, LookupResult, ParentManager, PoolView, checksum
 
 from kvtiers_p2p.codec import ProtocolError, check_slots, decode_client, encode
 from kvtiers_p2p.handshake import Identity, choose_plane, refusal

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvtiers.keys import BlockKey
+from kvtiers.sdk import BlockKey
 
 __all__ = ["ServeLimits", "Session", "Shipment", "StoreAnswer", "StoreSink"]
 

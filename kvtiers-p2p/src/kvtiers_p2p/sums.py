@@ -21,10 +21,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import cast
 
-from kvtiers.integrity import checksum, checksum_slots
-from kvtiers.keys import BlockKey
-from kvtiers.parent import ParentManager
-from kvtiers.pool_view import PoolView
+from kvtiers.sdk import BlockKey, ParentManager, PoolView, checksum, checksum_slots
 
 __all__ = ["BlockSums"]
 

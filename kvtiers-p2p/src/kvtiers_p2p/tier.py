@@ -51,16 +51,24 @@ from typing import Any
 import zmq
 import zmq.asyncio
 from kvtiers.errors import ConfigError, ConfigProblem
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.options import resolve_options
-from kvtiers.parent import ParentManager
-from kvtiers.probe import AsyncProbe
-from kvtiers.sdk.aio import AsyncJobEngine, AsyncJobHooks
-from kvtiers.sdk.job import Job, Outcome
-from kvtiers.stats import StatsRecorder, TierStats
-from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.sdk import (
+    AsyncJobEngine,
+    AsyncJobHooks,
+    AsyncProbe,
+    BlockKey,
+    FailureReason,
+    Job,
+    JobResult,
+    LookupResult,
+    Outcome,
+    ParentManager,
+    SecondaryTier,
+    StatsRecorder,
+    TierContext,
+    TierStats,
+    TransferJob,
+    resolve_options,
+)
 
 from kvtiers_p2p.client import LinkOptions, PeerLink
 from kvtiers_p2p.handshake import Identity, seed_fingerprint

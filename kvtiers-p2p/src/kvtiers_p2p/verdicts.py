@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvtiers.jobs import FailureReason
-from kvtiers.sdk.job import Outcome
+from kvtiers.sdk import FailureReason, Outcome
 
 from kvtiers_p2p.protocol import State
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtiers.namespace import Namespace
+from kvtiers.sdk import Namespace
 
 from kvtiers_s3 import codec, segment
 from kvtiers_s3.codec import FormatError, Reason

@@ -11,7 +11,7 @@ module verifies the same way. Header, little-endian::
     12  4   flags (0; anything else is a format this version does not read)
     16  32  namespace fingerprint (32 lowercase hex digits, `Namespace.fingerprint`)
     48  8   payload length
-    56  8   payload checksum (xxh3-64, `kvtiers.integrity`)
+    56  8   payload checksum (xxh3-64, `kvtiers.sdk.integrity`)
     64  2   key length
     66  k   the key
     66+k 8  header checksum: xxh3-64 of bytes [0, 66 + k)
@@ -30,7 +30,7 @@ import struct
 from dataclasses import dataclass
 
 import xxhash
-from kvtiers.integrity import checksum
+from kvtiers.sdk import checksum
 
 __all__ = [
     "MAGIC",
@@ -182,7 +182,7 @@ def decode_record(
     """The header and the payload (a view into `buf`) of the record that is exactly
     `buf`. `key` / `payload_bytes` / `fingerprint`: what the record must be for;
     `verify`: check the payload checksum too (else the caller must, with
-    `kvtiers.integrity.verify(data, header.checksum)`)."""
+    `kvtiers.sdk.integrity.verify(data, header.checksum)`)."""
     view = memoryview(buf).cast("B")
     header = decode_header(view, fingerprint)
     if key is not None and header.key != key:

@@ -21,9 +21,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvtiers.keys import BlockKey
-from kvtiers.sdk.index import BoundedIndex, Pins, Reservation
-from kvtiers.tier import TierContext
+from kvtiers.sdk import BlockKey, BoundedIndex, Pins, Reservation, TierContext
 
 __all__ = ["SEGMENT_TAG", "Holdings", "Member", "StoredObject", "segment_oid"]
 

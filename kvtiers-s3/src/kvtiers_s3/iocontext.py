@@ -14,10 +14,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kvtiers.jobs import FailureReason
-from kvtiers.sdk import Job, run_off_loop
-from kvtiers.stats import StatsRecorder
-from kvtiers.tier import TierContext
+from kvtiers.sdk import FailureReason, Job, StatsRecorder, TierContext, run_off_loop
 
 from kvtiers_s3.errorlog import ErrorLog
 from kvtiers_s3.holdings import Holdings, StoredObject

@@ -20,9 +20,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from kvtiers.jobs import FailureReason
-from kvtiers.keys import BlockKey
-from kvtiers.sdk import AsyncJobHooks, Job, Pins
+from kvtiers.sdk import AsyncJobHooks, BlockKey, FailureReason, Job, Pins
 
 from kvtiers_s3 import codec
 from kvtiers_s3.holdings import StoredObject

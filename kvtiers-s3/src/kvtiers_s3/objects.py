@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kvtiers.jobs import FailureReason
+from kvtiers.sdk import FailureReason
 
 from kvtiers_s3.body import Buffer, PartsBody
 from kvtiers_s3.settings import S3Settings

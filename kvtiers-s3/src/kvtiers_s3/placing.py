@@ -16,10 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtiers.integrity import verify
-from kvtiers.jobs import FailureReason
-from kvtiers.sdk import Job
-from kvtiers.tier import TierContext
+from kvtiers.sdk import FailureReason, Job, TierContext, verify
 
 from kvtiers_s3 import codec
 from kvtiers_s3.catalog import BROKEN

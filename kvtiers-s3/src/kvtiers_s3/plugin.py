@@ -9,7 +9,7 @@ when a config uses them.
 from __future__ import annotations
 
 from kvtiers.plugins import TierRecord, hookimpl
-from kvtiers.tier import CONTRACT_VERSION
+from kvtiers.sdk import CONTRACT_VERSION
 
 from kvtiers_s3.schema import OBJ_SCHEMA, S3_SCHEMA, VLLM_ALIASES
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
-from kvtiers.integrity import checksum
+from kvtiers.sdk import checksum
 
 from kvtiers_s3.codec import (
     MAX_KEY_BYTES,

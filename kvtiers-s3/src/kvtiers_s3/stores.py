@@ -24,9 +24,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvtiers.jobs import FailureReason
-from kvtiers.keys import BlockKey
-from kvtiers.sdk import AsyncJobHooks, Job, Outcome, Pins, Reservation, Verdict
+from kvtiers.sdk import (
+    AsyncJobHooks,
+    BlockKey,
+    FailureReason,
+    Job,
+    Outcome,
+    Pins,
+    Reservation,
+    Verdict,
+)
 
 from kvtiers_s3 import codec, segment
 from kvtiers_s3.body import Buffer, joined

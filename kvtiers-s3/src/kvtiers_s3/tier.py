@@ -34,14 +34,19 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from kvtiers.errors import ConfigError, ConfigProblem
-from kvtiers.jobs import JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.options import resolve_options
-from kvtiers.probe import AsyncProbe
-from kvtiers.sdk import AsyncJobEngine
-from kvtiers.stats import StatsRecorder, TierStats
-from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.sdk import (
+    AsyncJobEngine,
+    AsyncProbe,
+    BlockKey,
+    JobResult,
+    LookupResult,
+    SecondaryTier,
+    StatsRecorder,
+    TierContext,
+    TierStats,
+    TransferJob,
+    resolve_options,
+)
 
 from kvtiers_s3 import codec
 from kvtiers_s3.bucket import ensure_bucket, set_ttl_rule

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtiers.plugins import VllmSpecRecord, VllmTierRecord, hookimpl
-from kvtiers.tier import CONTRACT_VERSION
+from kvtiers.sdk import CONTRACT_VERSION
 
 from kvtiers_vllm.plugin import SPEC_MODULE, SPEC_NAME, TIER_CLASS, TIER_MODULE, TIER_TYPE
 

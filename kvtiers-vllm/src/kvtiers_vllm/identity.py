@@ -28,7 +28,7 @@ import json
 from typing import Any
 
 from kvtiers import BlockGeometry, Namespace, PoolView
-from kvtiers.namespace import DTYPE_BYTES
+from kvtiers.sdk import DTYPE_BYTES
 
 REVISION_PREFIX = "vllm-run-"
 DIGEST_CHARS = 12  # as many hex digits as vLLM's fs directory names carry

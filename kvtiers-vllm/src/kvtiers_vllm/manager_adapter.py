@@ -33,8 +33,8 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, cast
 
-from kvtiers.lookup import LookupResult as KvLookup
 from kvtiers.manager import TieringOffloadingManager
+from kvtiers.sdk import LookupResult as KvLookup
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )

@@ -33,17 +33,22 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from kvtiers_vllm.compat import require_vllm
+from kvtiers_vllm.compat import require_vllm  # noqa: E402
 
 require_vllm()  # before anything of vLLM's: a clear error on another version
 
-from kvtiers.config import load_config  # noqa: E402
-from kvtiers.config.model import KvtiersConfig  # noqa: E402
+from kvtiers import build_manager  # noqa: E402
+from kvtiers.config import (  # noqa: E402
+    KvtiersConfig,
+    load_config,
+)
 from kvtiers.errors import ConfigError  # noqa: E402
-from kvtiers.manager.build import build_manager, num_slots_for, tier_names  # noqa: E402
-from kvtiers.namespace import Namespace  # noqa: E402
+from kvtiers.manager import num_slots_for, tier_names  # noqa: E402
 from kvtiers.plugins import get_registry  # noqa: E402
-from kvtiers.pool_view import PoolView  # noqa: E402
+from kvtiers.sdk import (  # noqa: E402
+    Namespace,
+    PoolView,
+)
 from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCaches,
     OffloadingManager,

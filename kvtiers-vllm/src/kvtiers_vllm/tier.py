@@ -31,14 +31,14 @@ import logging
 from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
-from kvtiers_vllm.compat import require_vllm
+from kvtiers_vllm.compat import require_vllm  # noqa: E402
 
 require_vllm()
 
 from kvtiers import LookupResult as KvLookup  # noqa: E402
 from kvtiers import TierContext  # noqa: E402
 from kvtiers import TransferJob as KvJob  # noqa: E402
-from kvtiers.tier_events import TierEvents  # noqa: E402
+from kvtiers.sdk import TierEvents  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     Locality,
     LookupResult,
@@ -119,7 +119,7 @@ class KvtiersTier(SecondaryTierManager):
         ctx = TierContext(
             pool=self.pool,
             namespace=self.namespace,
-            logger=logging.getLogger(f"kvtiers.tier.{options.section.type}"),
+            logger=logging.getLogger(f"kvtiers.contract.tier.{options.section.type}"),
             events=self.tier_events,
         )
         with under(options.section.path):

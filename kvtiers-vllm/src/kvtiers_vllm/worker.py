@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from kvtiers.swap import DeviceSwapper, KVLayout
+from kvtiers import DeviceSwapper, KVLayout
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCaches,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import kvtiers_missing_dependency  # noqa: F401  (not installed anywhere, on purpose)
 from kvtiers.plugins import TierRecord, hookimpl
-from kvtiers.tier import CONTRACT_VERSION
+from kvtiers.sdk import CONTRACT_VERSION
 
 
 @hookimpl

@@ -8,7 +8,7 @@
 - `verify_piece(...)`: re-read and re-check some of a tier's blocks (a coroutine on
   the tier's loop; `RedisTier.verify_blocks` runs it piece by piece and reports
   progress from its caller's thread between pieces). Reasons from
-  `kvtiers.verification`: `missing`, `header`, `foreign`, `truncated`,
+  `kvtiers.contract.verification`: `missing`, `header`, `foreign`, `truncated`,
   `checksum`, `not_regular` (another type of value), `unreadable`. Repair takes a
   bad block out of the index (usage stays exact) and deletes its value when it is
   ours and damaged; another program's value or another model's block is left alone.
@@ -23,10 +23,14 @@ from typing import Any
 
 import redis
 from kvtiers.errors import KvtiersError
-from kvtiers.integrity import checksum
-from kvtiers.inventory import BlockRecord, NamespaceInventory, TierInventory
-from kvtiers.tier import TierContext
-from kvtiers.verification import BadBlock
+from kvtiers.sdk import (
+    BadBlock,
+    BlockRecord,
+    NamespaceInventory,
+    TierContext,
+    TierInventory,
+    checksum,
+)
 from redis.exceptions import RedisError, ResponseError
 
 from kvtiers_redis import record

@@ -8,7 +8,7 @@ uses the tier) and the schema comes from a standard-library-only module.
 from __future__ import annotations
 
 from kvtiers.plugins import TierRecord, hookimpl
-from kvtiers.tier import CONTRACT_VERSION
+from kvtiers.sdk import CONTRACT_VERSION
 
 from kvtiers_redis.schema import SCHEMA
 

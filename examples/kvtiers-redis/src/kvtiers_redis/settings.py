@@ -1,7 +1,7 @@
 """`RedisSettings`: the `redis` tier's options, resolved and checked once.
 
 `settings_from(config)` validates a section against `schema.SCHEMA`
-(`kvtiers.options.resolve_options`: a hand-written dict gets the checks and defaults
+(`kvtiers.config.options.resolve_options`: a hand-written dict gets the checks and defaults
 a config document gets), then checks what a schema cannot: the URL's form, its
 port and database number. Every problem is a `ConfigError` naming the field - and
 never repeating a credential: the URL is reported by its parts, the password not
@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from kvtiers.errors import ConfigError, ConfigProblem
-from kvtiers.options import resolve_options
+from kvtiers.sdk import resolve_options
 
 from kvtiers_redis.schema import SCHEMA
 

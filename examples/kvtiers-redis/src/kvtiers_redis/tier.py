@@ -30,14 +30,23 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from kvtiers.errors import ConfigError, ConfigProblem, UnknownNameError
-from kvtiers.inventory import TierInventory
-from kvtiers.jobs import JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.sdk import BATCH_BYTES, AsyncJobEngine, BoundedIndex
-from kvtiers.stats import StatsRecorder, TierStats
-from kvtiers.tier import SecondaryTier, TierContext
-from kvtiers.verification import BadBlock, Progress, VerifyReport
+from kvtiers.sdk import (
+    BATCH_BYTES,
+    AsyncJobEngine,
+    BadBlock,
+    BlockKey,
+    BoundedIndex,
+    JobResult,
+    LookupResult,
+    Progress,
+    SecondaryTier,
+    StatsRecorder,
+    TierContext,
+    TierInventory,
+    TierStats,
+    TransferJob,
+    VerifyReport,
+)
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, ResponseError

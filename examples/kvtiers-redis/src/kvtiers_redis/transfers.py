@@ -36,20 +36,20 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from kvtiers import integrity
-from kvtiers.jobs import FailureReason
 from kvtiers.sdk import (
     AsyncJobHooks,
     BoundedIndex,
+    FailureReason,
     Job,
     Outcome,
     Pins,
     Reservation,
+    StatsRecorder,
+    TierContext,
     Verdict,
     run_off_loop,
+    verify,
 )
-from kvtiers.stats import StatsRecorder
-from kvtiers.tier import TierContext
 from redis.exceptions import RedisError
 
 from kvtiers_redis import record
@@ -209,7 +209,7 @@ class Transfers:
                 out.append(FailureReason.IO)
                 continue
             dest[:] = memoryview(value)[start:]
-            out.append(None if integrity.verify(dest, expected) else FailureReason.CORRUPT)
+            out.append(None if verify(dest, expected) else FailureReason.CORRUPT)
         return out
 
     def _end_load(self, job: Job) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtiers.plugins import TierRecord, hookimpl
-from kvtiers.tier import CONTRACT_VERSION
+from kvtiers.sdk import CONTRACT_VERSION
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -11,7 +11,7 @@ The minimal tier of docs/plugins.md. The hard parts come from the core's SDK:
 
 The scheduler thread only touches memory (the index, the engine's queues); every
 file operation runs on the engine's threads. Each file is the block's checksum
-(`kvtiers.integrity`) followed by its bytes; a load verifies the bytes it placed in
+(`kvtiers.sdk.integrity`) followed by its bytes; a load verifies the bytes it placed in
 the slot, and a bad copy is reported `corrupt` and deleted.
 
 Not persistent: the tier deletes its block files (`*.kv`) when it opens - what a
@@ -25,20 +25,29 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kvtiers import (
+from kvtiers.sdk import (
+    CHECKSUM_BYTES,
     BlockKey,
+    BoundedIndex,
     FailureReason,
+    Job,
+    JobEngine,
+    JobHooks,
     JobResult,
     LookupResult,
+    Outcome,
+    Pins,
+    Reservation,
     SecondaryTier,
+    StatsRecorder,
     TierContext,
     TierStats,
     TransferJob,
-    integrity,
+    Verdict,
+    checksum_bytes,
+    resolve_options,
+    verify,
 )
-from kvtiers.options import resolve_options
-from kvtiers.sdk import BoundedIndex, Job, JobEngine, JobHooks, Outcome, Pins, Reservation, Verdict
-from kvtiers.stats import StatsRecorder
 
 from kvtiers_scratch.plugin import SCHEMA
 
@@ -136,7 +145,7 @@ class ScratchTier(SecondaryTier):
         written, then the bytes."""
         data = self.ctx.pool.block(job.slots[i])
         with open(self._file(job, i), "xb") as f:
-            f.write(integrity.checksum_bytes(data))
+            f.write(checksum_bytes(data))
             f.write(data)
         return None
 
@@ -174,12 +183,12 @@ class ScratchTier(SecondaryTier):
         dest = self.ctx.pool.block(job.slots[i])
         try:
             with open(path, "rb") as f:
-                stored = f.read(integrity.CHECKSUM_BYTES)
+                stored = f.read(CHECKSUM_BYTES)
                 whole = f.readinto(dest) == len(dest)
         except FileNotFoundError:  # deleted behind the tier's back
             self._index.remove(key, path)
             return FailureReason.MISSING
-        if not (whole and integrity.verify(dest, stored)):
+        if not (whole and verify(dest, stored)):
             self.ctx.logger.warning("scratch tier: %s failed verification; deleted", path)
             self._index.remove(key, path)  # this copy only, reported to ctx.events
             path.unlink(missing_ok=True)

@@ -8,7 +8,7 @@ class as a "module:Class" string instead of importing it. The schema is what
 from __future__ import annotations
 
 from kvtiers.plugins import TierRecord, hookimpl
-from kvtiers.tier import CONTRACT_VERSION
+from kvtiers.sdk import CONTRACT_VERSION
 
 SCHEMA = {
     "type": "object",

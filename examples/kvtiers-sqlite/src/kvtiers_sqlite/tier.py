@@ -8,7 +8,7 @@ contract shows up once, and the hard parts come from the core's SDK:
   All SQLite work runs on the engine's one thread.
 - The engine reports each job exactly once, after its last block, with `timeout`,
   `closed` and `io` (an exception) handled for us. Failures are per key.
-- Each block is stored with its `kvtiers.integrity` checksum and verified in the slot
+- Each block is stored with its `kvtiers.sdk.integrity` checksum and verified in the slot
   on load; a bad copy is reported `corrupt` and deleted.
 - The file holds at most `capacity_bytes` of blocks: the index reserves room for a
   store before it writes, evicting least recently used rows, never a row being loaded
@@ -25,21 +25,35 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kvtiers import integrity
 from kvtiers.errors import KvtiersError
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.sdk import BoundedIndex, Job, JobEngine, JobHooks, Outcome, Pins, Reservation, Verdict
-from kvtiers.stats import StatsRecorder, TierStats
-from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.sdk import (
+    BlockKey,
+    BoundedIndex,
+    FailureReason,
+    Job,
+    JobEngine,
+    JobHooks,
+    JobResult,
+    LookupResult,
+    Outcome,
+    Pins,
+    Reservation,
+    SecondaryTier,
+    StatsRecorder,
+    TierContext,
+    TierStats,
+    TransferJob,
+    Verdict,
+    checksum_bytes,
+    verify,
+)
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS blocks (
     namespace TEXT NOT NULL,     -- Namespace.fingerprint of the model the block belongs to
     key BLOB NOT NULL,
     data BLOB NOT NULL,
-    checksum BLOB NOT NULL,      -- kvtiers.integrity.checksum_bytes(data)
+    checksum BLOB NOT NULL,      -- kvtiers.sdk.integrity.checksum_bytes(data)
     last_used INTEGER NOT NULL,  -- recency tick, file-wide; smallest is evicted first
     PRIMARY KEY (namespace, key)
 );
@@ -193,7 +207,7 @@ class SqliteTier(SecondaryTier):
             # REPLACE: a row the index forgot (its delete failed) makes way.
             row = self._db.execute(
                 "INSERT OR REPLACE INTO blocks VALUES (?, ?, ?, ?, ?)",
-                (self._ns, job.keys[i], data, integrity.checksum_bytes(data), self._next_tick()),
+                (self._ns, job.keys[i], data, checksum_bytes(data), self._next_tick()),
             )
         job.state[1][i] = row.lastrowid
         return None
@@ -224,7 +238,7 @@ class SqliteTier(SecondaryTier):
         if intact:
             dest[:] = data
         # Verify what now sits in the slot: that is what the engine would read.
-        if not (intact and integrity.verify(dest, checksum)):
+        if not (intact and verify(dest, checksum)):
             with self._db:
                 self._db.execute("DELETE FROM blocks WHERE rowid=?", (rowid,))
             self._index.remove(name, rowid)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from kvtiers.keys import BlockKey
+from kvtiers.contract.keys import BlockKey
 
 
 class AdmissionPolicy(ABC):

@@ -35,7 +35,7 @@ cleared (one C-speed fill of its bytes).
 from __future__ import annotations
 
 from kvtiers.admission.base import AdmissionPolicy
-from kvtiers.keys import BlockKey
+from kvtiers.contract.keys import BlockKey
 
 __all__ = ["DEFAULT_WINDOW", "MAX_WINDOW", "MIN_WINDOW", "SecondTouch"]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from kvtiers.contract.keys import BlockKey
 from kvtiers.extras import BENCH_EXTRA, missing_torch
-from kvtiers.keys import BlockKey
 
 try:
     import torch

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvtiers.contract.namespace import BlockGeometry
 from kvtiers.extras import BENCH_EXTRA, missing_torch
-from kvtiers.namespace import BlockGeometry
 from kvtiers.swap import KVLayout
 
 try:

@@ -31,11 +31,11 @@ import numpy as np
 
 from kvtiers.bench.model import TinyConfig, TinyDecoder
 from kvtiers.config import load_config
+from kvtiers.contract.namespace import Namespace
 from kvtiers.errors import KvtiersError
 from kvtiers.extras import BENCH_EXTRA, missing_torch
 from kvtiers.hashing import prefix_block_hashes
 from kvtiers.manager.build import build_manager
-from kvtiers.namespace import Namespace
 from kvtiers.pool import CpuPool
 from kvtiers.swap import DeviceSwapper
 

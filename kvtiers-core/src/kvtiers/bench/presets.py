@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kvtiers.namespace import DTYPE_BYTES, BlockGeometry
+from kvtiers.contract.namespace import DTYPE_BYTES, BlockGeometry
 
 # Sustained bf16 throughput assumed for the prefill estimate: about 40% of an
 # H100/H200's dense peak (989 TFLOP/s), a usual prefill utilisation.

@@ -25,7 +25,7 @@ def machine_info() -> dict[str, Any]:
     import torch
 
     from kvtiers import __version__
-    from kvtiers.pool_memory import memory_limits
+    from kvtiers.pool.memory import memory_limits
 
     info: dict[str, Any] = {
         "host": platform.node(),

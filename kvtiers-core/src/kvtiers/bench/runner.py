@@ -37,9 +37,9 @@ import numpy as np
 from kvtiers.bench.results import CPU, Counters, RunResult, Sample, direction_bytes
 from kvtiers.bench.stack import BenchError, BenchIntegrityError, Stack
 from kvtiers.bench.workload import Request, Workload, WorkloadSpec
-from kvtiers.keys import BlockKey
+from kvtiers.contract.keys import BlockKey
 from kvtiers.manager import OffloadEvent
-from kvtiers.manager.events import CPU as POOL
+from kvtiers.manager.outputs import CPU as POOL
 from kvtiers.swap import SwapResult
 
 ProgressFn = Callable[[int, float, "Counters"], None]

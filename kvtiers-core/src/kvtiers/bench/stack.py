@@ -12,15 +12,15 @@ from typing import Any
 from kvtiers.bench.engine import StandInKV
 from kvtiers.bench.presets import ModelGeometry
 from kvtiers.config.model import KvtiersConfig
+from kvtiers.contract.metrics import MetricsSink
+from kvtiers.contract.namespace import Namespace
 from kvtiers.errors import KvtiersError
 from kvtiers.extras import BENCH_EXTRA, missing_torch
 from kvtiers.humanize import format_bytes
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.manager.build import build_manager, tier_names
-from kvtiers.metrics import MetricsSink
-from kvtiers.namespace import Namespace
 from kvtiers.pool import CpuPool, pool_shape
-from kvtiers.pool_memory import memory_limits
+from kvtiers.pool.memory import memory_limits
 from kvtiers.swap import DeviceSwapper
 
 try:

@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from kvtiers.contract.keys import BlockKey, key_hash
 from kvtiers.hashing import DEFAULT_SEED, prefix_block_hashes
-from kvtiers.keys import BlockKey, key_hash
 
 
 @dataclass(frozen=True)

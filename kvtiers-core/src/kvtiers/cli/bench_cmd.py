@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             raise BenchRefused("--plot draws a bench run over time; --model-check has none")
         check_plot_destination(args.plot)
     if args.metrics_port is not None:
-        from kvtiers.metrics_prom import require_prometheus
+        from kvtiers.metrics.prometheus import require_prometheus
 
         if args.model_check:
             raise BenchRefused("--metrics-port serves a bench run's metrics; "
@@ -390,8 +390,8 @@ def _serve_metrics(port: int | None, scope: contextlib.ExitStack) -> Any:
     without --metrics-port."""
     if port is None:
         return None
-    from kvtiers.metrics_prom import MetricsExporter
-    from kvtiers.metrics_recorder import MetricsRecorder
+    from kvtiers.metrics.prometheus import MetricsExporter
+    from kvtiers.metrics.recorder import MetricsRecorder
 
     recorder = MetricsRecorder()
     server = MetricsExporter(recorder).serve(port)
@@ -415,7 +415,7 @@ def _run_one(
                  and getattr(args, "snapshot_results", None) is not None)
     max_wait_s = (cfg.job_timeout_s + 1.0) if cfg is not None else 0.0
     if recorder is not None and stack.manager is not None:
-        from kvtiers.metrics_instrument import MeteredManager
+        from kvtiers.metrics.instrument import MeteredManager
 
         stack.manager = MeteredManager(  # type: ignore[assignment]
             stack.manager, recorder, call_timing=cfg.metrics.scheduler_call_timing)
@@ -457,8 +457,8 @@ def _check_snapshot_options(args: argparse.Namespace) -> None:
     if args.model_check:
         raise BenchRefused("--snapshot-save / --snapshot-load work on a bench run's CPU "
                            "pool; --model-check has none")
-    from kvtiers.cli.snapshot_cmd import parse_storage_options
     from kvtiers.ops.snapshot_store import require_zarr
+    from kvtiers.ops.storage_options import parse_storage_options
 
     require_zarr()
     args.storage_options = parse_storage_options(args.storage_option)

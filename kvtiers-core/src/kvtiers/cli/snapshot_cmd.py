@@ -28,10 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from kvtiers.errors import KvtiersError
+from kvtiers.ops.storage_options import parse_storage_options
 
 #: the name `--tier` gives the CPU pool (as in `kvtiers` events and stats)
 POOL_TIER = "cpu"
@@ -44,24 +44,6 @@ def add_storage_option(parser: Any) -> None:
         help="an fsspec storage option of the snapshot's URL (repeatable; VALUE as JSON "
         "when it parses, else a string), e.g. endpoint_url=http://127.0.0.1:9000; "
         "credentials better from the environment (AWS_ACCESS_KEY_ID, ...)")
-
-
-def parse_storage_options(items: Sequence[str]) -> dict[str, Any] | None:
-    """`KEY=VALUE` strings as fsspec storage options (None for none). The message of
-    a malformed one names its key, never its value."""
-    if not items:
-        return None
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise KvtiersError("--storage-option takes KEY=VALUE (one option each)")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

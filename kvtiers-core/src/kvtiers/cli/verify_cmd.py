@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from kvtiers.contract.verification import Progress, VerifyReport
 from kvtiers.humanize import format_bytes
-from kvtiers.verification import Progress, VerifyReport
 
 EXIT_BAD = 1
 

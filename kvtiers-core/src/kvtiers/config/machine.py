@@ -1,7 +1,7 @@
 """What this machine can honour: everything a config puts in RAM - the CPU pool
 plus every tier that holds its blocks in memory (`"x-kvtiers": "ram_bytes"`) - must
 fit in physical memory (or the container's limit). The allocator
-(`kvtiers.pool_memory`) checks the pool again, against what is available at that
+(`kvtiers.pool.memory`) checks the pool again, against what is available at that
 moment, before it allocates anything.
 
 More than memory is an error, never clamped: a silently smaller pool would change
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from kvtiers.errors import ConfigProblem
 from kvtiers.humanize import format_bytes
-from kvtiers.pool_memory import memory_limits, shm_space
+from kvtiers.pool.memory import memory_limits, shm_space
 
 SHM_DIR = "/dev/shm"
 # Below this share of memory left free, the engine, the model's host copy and the

@@ -8,50 +8,23 @@ config can be turned into a kvtiers one (`kvtiers validate --json`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Literal
 
 from kvtiers.config.schema import breaker_default_of, default_of, metrics_default_of
+from kvtiers.contract.section import TierSection, freeze, thaw
+
+__all__ = [
+    "BreakerConfig",
+    "KvtiersConfig",
+    "MetricsConfig",
+    "TierSection",
+    "WritePolicy",
+    "freeze",
+    "thaw",
+]
 
 WritePolicy = Literal["write_through", "write_back"]
-
-
-@dataclass(frozen=True)
-class TierSection:
-    """One validated tier section: its `type` (a registered tier name), its options
-    (validated against the tier's schema, defaults filled in, nested tier sections
-    such as the `faulty` tier's `inner` turned into `TierSection`s), and the JSON path
-    it came from (for messages)."""
-
-    type: str
-    options: Mapping[str, Any]
-    path: str = "$"
-    #: the admission policy of an entry of `secondary_tiers` (`kvtiers.admission`)
-    #: and its options, defaults filled in; "all" on nested sections
-    admission: str = "all"
-    admission_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The section as JSON data: `{"type": ..., **options}`, with `admission`
-        unless it is the default."""
-        out = {"type": self.type, **thaw(self.options)}
-        if self.admission_options:
-            out["admission"] = {"policy": self.admission, **thaw(self.admission_options)}
-        elif self.admission != "all":
-            out["admission"] = self.admission
-        return out
-
-    def walk(self) -> list[TierSection]:
-        """This section and every section nested in its options, outermost first."""
-        out = [self]
-        for value in self.options.values():
-            items = value if isinstance(value, tuple) else (value,)
-            for item in items:
-                if isinstance(item, TierSection):
-                    out.extend(item.walk())
-        return out
 
 
 @dataclass(frozen=True)
@@ -64,7 +37,7 @@ class BreakerConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """How metrics are recorded, when something records them (`kvtiers.metrics_instrument`)."""
+    """How metrics are recorded, when something records them (`kvtiers.metrics.instrument`)."""
 
     scheduler_call_timing: bool = metrics_default_of("scheduler_call_timing")
 
@@ -118,23 +91,3 @@ class KvtiersConfig:
     def all_tiers(self) -> list[TierSection]:
         """Every tier section, nested ones included, in config order."""
         return [s for t in self.secondary_tiers for s in t.walk()]
-
-
-def freeze(value: Any) -> Any:
-    """Read-only copy of JSON data: dicts become mappingproxies, lists tuples."""
-    if isinstance(value, Mapping) and not isinstance(value, MappingProxyType):
-        return MappingProxyType({k: freeze(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return tuple(freeze(v) for v in value)
-    return value
-
-
-def thaw(value: Any) -> Any:
-    """Plain JSON data back from `freeze`d data (and tier sections)."""
-    if isinstance(value, TierSection):
-        return value.to_dict()
-    if isinstance(value, Mapping):
-        return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [thaw(v) for v in value]
-    return value

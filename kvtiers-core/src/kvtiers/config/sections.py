@@ -26,6 +26,7 @@ from jsonschema.validators import Draft202012Validator, validator_for
 from kvtiers.config.derive import derivations, derive, relaxed
 from kvtiers.config.messages import describe, did_you_mean, found, problems_from_error
 from kvtiers.config.model import TierSection, freeze
+from kvtiers.config.options import fill_defaults
 from kvtiers.config.paths import PathParts, join
 from kvtiers.config.plugin_hints import disabled_hint
 from kvtiers.config.schema import (
@@ -37,7 +38,6 @@ from kvtiers.config.schema import (
     section_schema,
 )
 from kvtiers.errors import ConfigProblem, PluginError, UnknownNameError
-from kvtiers.options import fill_defaults
 from kvtiers.plugins.records import VllmTierRecord
 from kvtiers.plugins.registry import Registered, Registry
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.plugins.hookspecs import hookimpl
 from kvtiers.plugins.records import AdmissionRecord
+from kvtiers.plugins.version import CONTRACT_VERSION
 
 # kvtiers.admission.second_touch states the bounds (MIN/DEFAULT/MAX_WINDOW).
 SECOND_TOUCH_SCHEMA: Mapping[str, Any] = {

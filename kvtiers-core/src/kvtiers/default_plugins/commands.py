@@ -4,9 +4,9 @@ run that command."""
 
 from __future__ import annotations
 
-from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.plugins.hookspecs import hookimpl
 from kvtiers.plugins.records import CommandRecord
+from kvtiers.plugins.version import CONTRACT_VERSION
 
 _COMMANDS = (
     ("plugins", "list installed tiers, policies and commands, and plugins that failed to load"),

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.plugins.hookspecs import hookimpl
 from kvtiers.plugins.records import TierRecord
+from kvtiers.plugins.version import CONTRACT_VERSION
 
 
 @hookimpl

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from kvtiers.clock import Clock
+from kvtiers.contract.clock import Clock
 
 
 # Not enum.StrEnum (3.11+): kvtiers-core supports Python 3.10.

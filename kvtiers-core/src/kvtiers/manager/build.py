@@ -6,18 +6,19 @@ import logging
 
 from kvtiers.admission.base import AdmissionPolicy
 from kvtiers.admission.build import build_admission
-from kvtiers.clock import Clock, monotonic
 from kvtiers.config.model import KvtiersConfig, TierSection
+from kvtiers.contract import create_tier
+from kvtiers.contract.clock import Clock, monotonic
+from kvtiers.contract.eviction import EvictionPolicy
+from kvtiers.contract.metrics import LabelledSink, MetricsSink, NullMetrics
+from kvtiers.contract.namespace import Namespace
+from kvtiers.contract.pool_view import PoolView, round_up
+from kvtiers.contract.tier import SecondaryTier, TierContext
 from kvtiers.errors import ConfigError, ConfigProblem, PluginError
 from kvtiers.humanize import format_bytes
 from kvtiers.manager.manager import TieringOffloadingManager
-from kvtiers.metrics import LabelledSink, MetricsSink, NullMetrics
-from kvtiers.namespace import Namespace
+from kvtiers.manager.metered_tier import MeteredTier
 from kvtiers.plugins.registry import Registry, get_registry
-from kvtiers.policies.base import EvictionPolicy
-from kvtiers.pool_view import PoolView, round_up
-from kvtiers.tier import SecondaryTier, TierContext
-from kvtiers.tiers import create_tier
 
 
 def tier_names(config: KvtiersConfig) -> list[str]:
@@ -58,7 +59,7 @@ def build_manager(
     scheduler side never touches the pool's bytes: then `block_bytes` alone will do,
     and `namespace` is not needed. `enable_events` overrides the config's
     `enable_kv_events`. `metrics`: each tier reports to it labelled with its name,
-    and is wrapped in a `MeteredTier` (`kvtiers.metrics_instrument`). Tiers that
+    and is wrapped in a `MeteredTier` (`kvtiers.manager.metered_tier`). Tiers that
     serve peers (`serves_peers`) get the manager through `serve_external_requests`
     before it is returned."""
     if pool is not None:
@@ -81,7 +82,6 @@ def build_manager(
         )
     names = tier_names(config)
     tiers: list[SecondaryTier] = []
-    from kvtiers.metrics_instrument import MeteredTier  # it imports the manager
     admissions: list[AdmissionPolicy | None] = []
     try:
         for name, section in zip(names, config.secondary_tiers, strict=True):

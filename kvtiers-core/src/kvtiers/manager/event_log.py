@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from kvtiers.keys import BlockKey
-from kvtiers.manager.events import CPU, OffloadEvent
-from kvtiers.tier_events import TierEvents
+from kvtiers.contract.events import TierEvents
+from kvtiers.contract.keys import BlockKey
+from kvtiers.manager.outputs import CPU, OffloadEvent
 
 _log = logging.getLogger("kvtiers.manager")
 

@@ -27,20 +27,20 @@ import time
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvtiers.clock import Clock, monotonic
+from kvtiers.contract.clock import Clock, monotonic
+from kvtiers.contract.eviction import EvictionPolicy
+from kvtiers.contract.jobs import TransferJob
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.parent import ParentManager
+from kvtiers.contract.tier import SecondaryTier
 from kvtiers.errors import KvtiersError
-from kvtiers.jobs import TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
 from kvtiers.manager.event_log import EventLog
-from kvtiers.manager.events import OffloadEvent, PrefixLookup, PrepareStoreOutput
+from kvtiers.manager.outputs import OffloadEvent, PrefixLookup, PrepareStoreOutput
 from kvtiers.manager.peer_jobs import PeerJobs
 from kvtiers.manager.slot_state import READY
 from kvtiers.manager.slot_table import SlotTable
 from kvtiers.manager.tier_traffic import TierTraffic
-from kvtiers.parent import ParentManager
-from kvtiers.policies.base import EvictionPolicy
-from kvtiers.tier import SecondaryTier
 
 if TYPE_CHECKING:
     from kvtiers.admission.base import AdmissionPolicy

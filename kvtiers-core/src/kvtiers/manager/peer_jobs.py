@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvtiers.jobs import TransferJob
-from kvtiers.keys import BlockKey
+from kvtiers.contract.jobs import TransferJob
+from kvtiers.contract.keys import BlockKey
 from kvtiers.manager.slot_table import SlotTable
 
 

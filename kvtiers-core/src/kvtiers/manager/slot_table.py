@@ -20,10 +20,11 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
-from kvtiers.keys import BlockKey
+from kvtiers.contract.eviction import EvictionPolicy
+from kvtiers.contract.keys import BlockKey
 from kvtiers.manager import slotops
 from kvtiers.manager.event_log import EventLog
-from kvtiers.manager.events import PrepareStoreOutput
+from kvtiers.manager.outputs import PrepareStoreOutput
 from kvtiers.manager.slot_state import (
     DIRTY,
     FREE,
@@ -33,9 +34,8 @@ from kvtiers.manager.slot_state import (
     READY,
     STORING,
 )
+from kvtiers.manager.slots import SlotAllocator
 from kvtiers.policies import slot_links
-from kvtiers.policies.base import EvictionPolicy
-from kvtiers.slots import SlotAllocator
 
 _READY_BYTE = bytes((READY,))
 _STORING_BYTE = bytes((STORING,))

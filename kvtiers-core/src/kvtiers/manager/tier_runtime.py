@@ -8,9 +8,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvtiers.keys import BlockKey
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.tier import SecondaryTier
 from kvtiers.manager.breaker import CircuitBreaker
-from kvtiers.tier import SecondaryTier
 
 if TYPE_CHECKING:
     from kvtiers.admission.base import AdmissionPolicy

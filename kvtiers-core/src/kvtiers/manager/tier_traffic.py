@@ -18,17 +18,17 @@ import logging
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvtiers.clock import Clock
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.clock import Clock
+from kvtiers.contract.events import TierEvents
+from kvtiers.contract.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.tier import SecondaryTier
 from kvtiers.manager.breaker import CircuitBreaker
 from kvtiers.manager.event_log import EventLog
 from kvtiers.manager.slot_state import READY
 from kvtiers.manager.slot_table import SlotTable
 from kvtiers.manager.tier_runtime import TierJob, TierRuntime
-from kvtiers.tier import SecondaryTier
-from kvtiers.tier_events import TierEvents
 
 if TYPE_CHECKING:
     from kvtiers.admission.base import AdmissionPolicy

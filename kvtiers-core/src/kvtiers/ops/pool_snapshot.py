@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvtiers.integrity import checksum
-from kvtiers.keys import BlockKey
-from kvtiers.namespace import Namespace
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.namespace import Namespace
+from kvtiers.contract.pool_view import PoolView
 from kvtiers.ops.snapshot import SnapshotResult
 from kvtiers.ops.snapshot_store import SnapshotError, SnapshotReader, SnapshotWriter
-from kvtiers.pool_view import PoolView
+from kvtiers.sdk.integrity import checksum
 
 if TYPE_CHECKING:
     from kvtiers.manager import TieringOffloadingManager

@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtiers.integrity import checksum
-from kvtiers.jobs import JobResult, TransferJob
-from kvtiers.keys import BlockKey
+from kvtiers.contract.jobs import JobResult, TransferJob
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.tier import SecondaryTier
 from kvtiers.ops.snapshot_store import SnapshotReader, SnapshotWriter
-from kvtiers.tier import SecondaryTier
+from kvtiers.sdk.integrity import checksum
 
 BATCH = 64
 #: seconds one job may take before it is reported failed

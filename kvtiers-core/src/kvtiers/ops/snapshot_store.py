@@ -10,7 +10,7 @@ side holds more than one chunk of blocks.
                 (the tier's name, or "cpu" for the CPU pool), blocks
     keys        uint8 [n, max key length], zero padded
     key_lengths uint16 [n]
-    checksums   uint64 [n]   kvtiers.integrity.checksum of each block's bytes
+    checksums   uint64 [n]   kvtiers.sdk.integrity.checksum of each block's bytes
     blocks      uint8 [n, block_bytes], chunks of whole blocks (~8 MiB), uncompressed
 
 Needs zarr (the extra `kvtiers-core[snapshot]`). `storage_options` are fsspec's
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.namespace import BlockGeometry, Namespace
 from kvtiers.errors import KvtiersError, MissingExtraError
-from kvtiers.keys import BlockKey
-from kvtiers.namespace import BlockGeometry, Namespace
 
 SNAPSHOT_EXTRA = "snapshot"
 SNAPSHOT_VERSION = 1

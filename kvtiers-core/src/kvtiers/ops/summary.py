@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvtiers.inventory import BlockRecord, NamespaceInventory
+from kvtiers.contract.inventory import BlockRecord, NamespaceInventory
 
 #: age histogram buckets: upper bounds in seconds, and their names
 AGE_BUCKETS: tuple[tuple[float, str], ...] = (

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtiers.config.model import KvtiersConfig, TierSection
+from kvtiers.contract.inventory import NamespaceInventory
+from kvtiers.contract.namespace import BlockGeometry, Namespace
+from kvtiers.contract.pool_view import PoolView
+from kvtiers.contract.tier import SecondaryTier, TierContext
 from kvtiers.errors import KvtiersError
-from kvtiers.inventory import NamespaceInventory
 from kvtiers.manager.build import tier_names
-from kvtiers.namespace import BlockGeometry, Namespace
 from kvtiers.plugins.registry import Registry, get_registry
-from kvtiers.pool_view import PoolView
-from kvtiers.tier import SecondaryTier, TierContext
 
 
 class NoPersistentTier(KvtiersError):
@@ -91,7 +91,7 @@ def open_namespace(target: Target, namespace: Namespace,
                    slots: int = 1) -> Iterator[SecondaryTier]:
     """The tier of `target` built for `namespace` (it joins the store as any engine
     of that model would), with a private pool of `slots`, closed afterwards."""
-    from kvtiers.tiers import create_tier
+    from kvtiers.contract import create_tier
 
     block_bytes = max(g.block_bytes for g in namespace.groups)
     ctx = TierContext(PoolView.anonymous(slots, block_bytes), namespace,

@@ -29,7 +29,6 @@ from typing import Any, Generic, TypeVar
 
 import pluggy
 
-from kvtiers.contract import CONTRACT_VERSION
 from kvtiers.errors import PluginError, UnknownNameError
 from kvtiers.plugins import hookspecs
 from kvtiers.plugins.records import (
@@ -40,6 +39,7 @@ from kvtiers.plugins.records import (
     VllmSpecRecord,
     VllmTierRecord,
 )
+from kvtiers.plugins.version import CONTRACT_VERSION
 
 ENTRY_POINT_GROUP = "kvtiers"
 ENV_DISABLE = "KVTIERS_PLUGINS_DISABLE"

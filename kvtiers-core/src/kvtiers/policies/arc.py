@@ -29,7 +29,7 @@ from collections.abc import Hashable
 from operator import itemgetter
 from typing import Any, ClassVar
 
-from kvtiers.policies.base import EvictionPolicy
+from kvtiers.contract.eviction import EvictionPolicy
 
 _MISSING: Any = object()
 _KEY = itemgetter(0)

@@ -24,8 +24,8 @@ from array import array
 from collections.abc import Hashable
 from typing import Any, ClassVar, cast
 
+from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.policies import slot_links
-from kvtiers.policies.base import EvictionPolicy
 
 
 class SlotIndexPolicy(EvictionPolicy):

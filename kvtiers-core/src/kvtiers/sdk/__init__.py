@@ -1,4 +1,11 @@
-"""`kvtiers.sdk`: the hard parts of a tier, written once.
+"""`kvtiers.sdk`: the tier author's one face - the contract's names and the hard
+parts of a tier, written once.
+
+A tier plugin imports from here, `kvtiers.plugins` (records, `hookimpl`, schema
+fragments) and `kvtiers.errors`, and nothing else of the core (its tests add
+`kvtiers.testing`). Besides the contract (`SecondaryTier`, `TierContext`,
+`TransferJob`, `JobResult`, `BlockKey`, `Namespace`, `PoolView`, `TierStats`, ...,
+`create_tier`; see `kvtiers.contract`):
 
 - `JobEngine` (`kvtiers.sdk.engine`): a tier's I/O threads and the contract's job
   bookkeeping - per-block work items and batching, exactly-once results, deadlines,
@@ -13,8 +20,16 @@
   flight, removals reported, and recency export/restore as JSON; a queued mode
   (the scheduler's pin/touch never take its lock) and a feed from shared storage
   (`adopt`, `hold`/`release`) for tiers whose decisions are in a shared journal.
-- `ErrorCounts` (`kvtiers.sdk.errors`): problems counted by kind and logged once per
-  kind, scrubbed of secrets (a tier's `stats().errors`).
+- `ErrorCounts` (`kvtiers.sdk.error_counts`): problems counted by kind and logged
+  once per kind, scrubbed of secrets (a tier's `stats().errors`).
+- `AsyncProbe` (`kvtiers.sdk.probe`): a step's existence probes batched onto one
+  background thread, verdicts cached, for tiers that cannot answer a lookup at once.
+- checksums (`kvtiers.sdk.integrity`): `checksum`, `verify`, and `checksum_slots` /
+  `land_slots` for many pool slots in one call.
+- `resolve_options` (`kvtiers.config.options`): a hand-written section checked
+  against the tier's schema, defaults filled in; `EvictionPolicy`, the interface of
+  what `TierContext.make_policy` builds; `AdmissionPolicy`, the interface of an
+  admission policy plugin.
 
 A tier's work is described by `JobHooks` (`AsyncJobHooks`): functions that receive
 a `Job` (`kvtiers.sdk.job`) and settle its keys. `AsyncJobEngine` is imported on
@@ -25,11 +40,65 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kvtiers.admission.base import AdmissionPolicy
+from kvtiers.config.options import resolve_options
+from kvtiers.contract import (
+    ALIGN,
+    CONTRACT_VERSION,
+    DTYPE_BYTES,
+    FORMAT_VERSION,
+    GROUP_BYTES,
+    BadBlock,
+    BlockGeometry,
+    BlockKey,
+    BlockRecord,
+    Clock,
+    FailureReason,
+    JobResult,
+    LabelledSink,
+    LookupResult,
+    ManualClock,
+    MetricsSink,
+    Namespace,
+    NamespaceInventory,
+    NullMetrics,
+    ParentManager,
+    PoolView,
+    Progress,
+    RecordingMetrics,
+    SecondaryTier,
+    StatsRecorder,
+    TierContext,
+    TierEvents,
+    TierInventory,
+    TierSection,
+    TierStats,
+    TransferJob,
+    VerifyReport,
+    create_tier,
+    key_group,
+    key_hash,
+    make_key,
+    monotonic,
+    round_up,
+)
+from kvtiers.contract.eviction import EvictionPolicy
+from kvtiers.humanize import format_bytes
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind, Task
 from kvtiers.sdk.engine import BATCH_BYTES, BatchFn, BlockFn, JobEngine, JobHooks
-from kvtiers.sdk.errors import ErrorCounts
+from kvtiers.sdk.error_counts import ErrorCounts
 from kvtiers.sdk.index import BoundedIndex, EntryView, IndexView, Pins, Reservation, Verdict
+from kvtiers.sdk.integrity import (
+    CHECKSUM_BYTES,
+    CHECKSUM_NAME,
+    checksum,
+    checksum_bytes,
+    checksum_slots,
+    land_slots,
+    verify,
+)
 from kvtiers.sdk.job import CrashHook, Deferred, EndHook, Job, JobLedger, Outcome, StartHook
+from kvtiers.sdk.probe import AsyncProbe
 
 if TYPE_CHECKING:
     from kvtiers.sdk.aio import (
@@ -41,35 +110,85 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "ALIGN",
     "BATCH_BYTES",
+    "CHECKSUM_BYTES",
+    "CHECKSUM_NAME",
+    "CONTRACT_VERSION",
+    "DTYPE_BYTES",
+    "FORMAT_VERSION",
+    "GROUP_BYTES",
     "LOAD",
     "STORE",
+    "AdmissionPolicy",
     "AsyncBatchFn",
     "AsyncBlockFn",
     "AsyncJobEngine",
     "AsyncJobHooks",
+    "AsyncProbe",
+    "BadBlock",
     "BatchFn",
     "BlockFn",
+    "BlockGeometry",
+    "BlockKey",
+    "BlockRecord",
     "BoundedIndex",
+    "Clock",
     "CrashHook",
     "Deferred",
     "DualQueueThreadPool",
     "EndHook",
     "EntryView",
     "ErrorCounts",
+    "EvictionPolicy",
+    "FailureReason",
     "IndexView",
     "Job",
     "JobEngine",
     "JobHooks",
     "JobLedger",
+    "JobResult",
     "Kind",
+    "LabelledSink",
+    "LookupResult",
+    "ManualClock",
+    "MetricsSink",
+    "Namespace",
+    "NamespaceInventory",
+    "NullMetrics",
     "Outcome",
+    "ParentManager",
     "Pins",
+    "PoolView",
+    "Progress",
+    "RecordingMetrics",
     "Reservation",
+    "SecondaryTier",
     "StartHook",
+    "StatsRecorder",
     "Task",
+    "TierContext",
+    "TierEvents",
+    "TierInventory",
+    "TierSection",
+    "TierStats",
+    "TransferJob",
     "Verdict",
+    "VerifyReport",
+    "checksum",
+    "checksum_bytes",
+    "checksum_slots",
+    "create_tier",
+    "format_bytes",
+    "key_group",
+    "key_hash",
+    "land_slots",
+    "make_key",
+    "monotonic",
+    "resolve_options",
+    "round_up",
     "run_off_loop",
+    "verify",
 ]
 
 _AIO = {"AsyncBatchFn", "AsyncBlockFn", "AsyncJobEngine", "AsyncJobHooks", "run_off_loop"}

@@ -38,12 +38,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kvtiers.jobs import FailureReason, TransferJob
+from kvtiers.contract.jobs import FailureReason, TransferJob
+from kvtiers.contract.stats import StatsRecorder
+from kvtiers.contract.tier import TierContext
 from kvtiers.sdk.dualqueue import LOAD, STORE, Kind
 from kvtiers.sdk.engine_front import EngineFront
 from kvtiers.sdk.job import CrashHook, EndHook, Job, Outcome, StartHook
-from kvtiers.stats import StatsRecorder
-from kvtiers.tier import TierContext
 
 __all__ = ["AsyncBatchFn", "AsyncBlockFn", "AsyncJobEngine", "AsyncJobHooks", "run_off_loop"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from kvtiers.clock import Clock
-from kvtiers.jobs import FailureReason
+from kvtiers.contract.clock import Clock
+from kvtiers.contract.jobs import FailureReason
 from kvtiers.sdk.job import Deferred, Job
 
 __all__ = ["POLL_S", "Deferrals"]

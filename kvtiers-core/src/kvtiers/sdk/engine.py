@@ -46,13 +46,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtiers.jobs import FailureReason, TransferJob
+from kvtiers.contract.jobs import FailureReason, TransferJob
+from kvtiers.contract.stats import StatsRecorder
+from kvtiers.contract.tier import TierContext
 from kvtiers.sdk.deferred import Deferrals
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind
 from kvtiers.sdk.engine_front import EngineFront
 from kvtiers.sdk.job import CrashHook, EndHook, Job, Outcome, StartHook
-from kvtiers.stats import StatsRecorder
-from kvtiers.tier import TierContext
 
 __all__ = ["BATCH_BYTES", "BatchFn", "BlockFn", "JobEngine", "JobHooks"]
 

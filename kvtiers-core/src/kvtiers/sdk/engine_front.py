@@ -11,11 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
-from kvtiers.jobs import JobResult, TransferJob
+from kvtiers.contract.jobs import JobResult, TransferJob
+from kvtiers.contract.stats import StatsRecorder
+from kvtiers.contract.tier import TierContext
 from kvtiers.sdk.dualqueue import LOAD, STORE, Kind
 from kvtiers.sdk.job import CrashHook, JobFlow, JobLedger
-from kvtiers.stats import StatsRecorder
-from kvtiers.tier import TierContext
 
 __all__ = ["EngineFront"]
 

@@ -64,11 +64,11 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from kvtiers.policies.base import EvictionPolicy
+from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.sdk.index_parts import EntryView, IndexView, Pins, Reservation, Verdict, _PinCount
 
 if TYPE_CHECKING:
-    from kvtiers.tier import TierContext
+    from kvtiers.contract.tier import TierContext
 
 __all__ = ["BoundedIndex", "EntryView", "IndexView", "Pins", "Reservation", "Verdict"]
 

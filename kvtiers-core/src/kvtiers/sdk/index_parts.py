@@ -7,14 +7,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from kvtiers.sdk.index import BoundedIndex
+from typing import Generic, Protocol, TypeVar
 
 __all__ = ["EntryView", "IndexView", "Pins", "Reservation", "Verdict"]
 
 L = TypeVar("L")
+L_contra = TypeVar("L_contra", contravariant=True)
 
 
 class Verdict(enum.Enum):
@@ -33,6 +31,19 @@ class _PinCount:
 
     def __init__(self) -> None:
         self.count = 0
+
+
+class _Owner(Protocol[L_contra]):
+    """What `Pins` and `Reservation` call back: the index that made them (a
+    `BoundedIndex`), which owns every count. A Protocol, so that this module does
+    not import the index."""
+
+    def _release(self, pins: Pins[L_contra]) -> None: ...
+
+    def _commit(self, key: bytes, location: L_contra, size: int,
+                held: list[tuple[bytes, _PinCount]]) -> bool: ...
+
+    def _end_reservation(self, released: int, held: list[tuple[bytes, _PinCount]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +79,7 @@ class Pins(Generic[L]):
 
     __slots__ = ("keys", "locations", "_index", "_held", "_released")
 
-    def __init__(self, index: BoundedIndex[L], keys: Sequence[bytes],
+    def __init__(self, index: _Owner[L], keys: Sequence[bytes],
                  held: list[tuple[bytes, _PinCount]], locations: list[L | None]):
         self.keys = keys
         self.locations = locations
@@ -97,7 +108,7 @@ class Reservation(Generic[L]):
 
     __slots__ = ("keys", "verdicts", "evicted", "_index", "_sizes", "_held", "_open")
 
-    def __init__(self, index: BoundedIndex[L], keys: list[bytes], verdicts: list[Verdict],
+    def __init__(self, index: _Owner[L], keys: list[bytes], verdicts: list[Verdict],
                  sizes: dict[bytes, int], held: list[tuple[bytes, _PinCount]],
                  evicted: list[tuple[bytes, L]]):
         self.keys = keys

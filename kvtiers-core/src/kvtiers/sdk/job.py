@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from kvtiers.clock import Clock
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.stats import StatsRecorder
+from kvtiers.contract.clock import Clock
+from kvtiers.contract.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.stats import StatsRecorder
 
 __all__ = ["CrashHook", "Deferred", "EndHook", "Job", "JobFlow", "JobLedger", "Outcome",
            "StartHook"]

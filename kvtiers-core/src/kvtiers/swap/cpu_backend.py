@@ -35,7 +35,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from kvtiers.swap.job import Job
+from kvtiers.swap.device_job import Job
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.plan import LOAD, STORE, Runs, make_runs, split_runs
 

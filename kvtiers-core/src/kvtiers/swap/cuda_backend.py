@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvtiers.pool_pinning import registration_chunks
+from kvtiers.pool.pinning import registration_chunks
 from kvtiers.swap.cuda_driver import FLAG_PREFER_OVERLAP_WITH_COMPUTE, CudaDriver
 from kvtiers.swap.cuda_resources import (
     Descriptors,
@@ -44,7 +44,7 @@ from kvtiers.swap.cuda_resources import (
     Table,
     TritonKernel,
 )  # fmt: skip
-from kvtiers.swap.job import Job
+from kvtiers.swap.device_job import Job
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.methods import DMA, KERNEL, STAGED, MethodPolicy
 from kvtiers.swap.plan import LOAD, STORE

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvtiers.contract.namespace import DTYPE_BYTES, BlockGeometry
 from kvtiers.extras import missing_torch
-from kvtiers.namespace import DTYPE_BYTES, BlockGeometry
 
 if TYPE_CHECKING:
     import torch
@@ -270,7 +270,7 @@ class KVLayout:
         """The canonical geometry of this group's blocks (kv heads per rank)."""
         name = str(self.dtype).removeprefix("torch.")
         if name not in DTYPE_BYTES:
-            raise ValueError(f"dtype {name} has no canonical name in kvtiers.namespace")
+            raise ValueError(f"dtype {name} has no canonical name in kvtiers.contract.namespace")
         return BlockGeometry(
             layers=self.num_layers,
             kv_heads=self.kv_heads,

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtiers.extras import missing_torch
-from kvtiers.swap.job import Job, SwapResult, SwapStats
+from kvtiers.swap.device_job import Job, SwapResult, SwapStats
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.methods import (
     AUTO,

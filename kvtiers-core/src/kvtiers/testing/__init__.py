@@ -45,7 +45,7 @@ pytest's detailed assertion messages inside the suite, put
 pytest (kvtiers-core's `test` extra).
 """
 
-from kvtiers.clock import ManualClock
+from kvtiers.contract.clock import ManualClock
 from kvtiers.testing._base import TierSuiteBase
 from kvtiers.testing._capability_tests import CapabilityTests
 from kvtiers.testing._core_tests import CoreTests

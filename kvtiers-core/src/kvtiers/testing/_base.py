@@ -9,11 +9,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from kvtiers.keys import BlockKey
-from kvtiers.namespace import Namespace
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.namespace import Namespace
+from kvtiers.contract.tier import SecondaryTier, TierContext
 from kvtiers.testing._gate import GatedPool
 from kvtiers.testing._helpers import DEFAULT_TIMEOUT_S, JobTracker, make_context
-from kvtiers.tier import SecondaryTier, TierContext
 
 #: The policy the eviction-order tests ask for when `make_tier` takes one.
 ORDER_POLICY = "lru"

@@ -6,9 +6,10 @@ declared capability whose hook (`restart`, `corrupt`, `sibling`) is missing fail
 
 from __future__ import annotations
 
-from kvtiers.clock import ManualClock
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.tier import SecondaryTier
 from kvtiers.testing._base import TierSuiteBase
 from kvtiers.testing._helpers import (
     fill_slots,
@@ -18,7 +19,6 @@ from kvtiers.testing._helpers import (
     resolve_lookup,
     snapshot,
 )
-from kvtiers.tier import SecondaryTier
 
 
 class CapabilityTests(TierSuiteBase):

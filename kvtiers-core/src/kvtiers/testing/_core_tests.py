@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import random
 
-from kvtiers.clock import ManualClock
-from kvtiers.jobs import FailureReason
-from kvtiers.keys import MAX_GROUP, make_key
-from kvtiers.lookup import LookupResult
-from kvtiers.stats import TierStats
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.keys import MAX_GROUP, make_key
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.stats import TierStats
 from kvtiers.testing._base import TierSuiteBase
 from kvtiers.testing._helpers import (
     check_blocks,

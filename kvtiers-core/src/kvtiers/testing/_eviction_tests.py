@@ -9,8 +9,8 @@ when the order is known: `make_tier` takes `eviction_policy` (the tests ask for
 
 from __future__ import annotations
 
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing._base import TierSuiteBase
 from kvtiers.testing._helpers import (
     check_blocks,

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterable
 from types import TracebackType
 
-from kvtiers.pool_view import ALIGN, PoolView, round_up
+from kvtiers.contract.pool_view import ALIGN, PoolView, round_up
 
 #: Real seconds a held tier thread waits for the test before it goes on by itself.
 DEFAULT_HOLD_S = 30.0

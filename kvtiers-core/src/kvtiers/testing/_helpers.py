@@ -15,13 +15,13 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from kvtiers.clock import Clock, ManualClock
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey, make_key
-from kvtiers.lookup import LookupResult
-from kvtiers.namespace import BlockGeometry, Namespace
-from kvtiers.pool_view import PoolView
-from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.contract.clock import Clock, ManualClock
+from kvtiers.contract.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.contract.keys import BlockKey, make_key
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.namespace import BlockGeometry, Namespace
+from kvtiers.contract.pool_view import PoolView
+from kvtiers.contract.tier import SecondaryTier, TierContext
 
 #: Real seconds a job or lookup may take before the suite calls the tier stuck.
 DEFAULT_TIMEOUT_S = 30.0

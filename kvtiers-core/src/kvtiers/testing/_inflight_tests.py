@@ -10,9 +10,9 @@ never asked to run a second job while the first is held.
 
 from __future__ import annotations
 
-from kvtiers.clock import ManualClock
-from kvtiers.jobs import FailureReason
-from kvtiers.lookup import LookupResult
+from kvtiers.contract.clock import ManualClock
+from kvtiers.contract.jobs import FailureReason
+from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing._base import TierSuiteBase
 from kvtiers.testing._eviction_tests import BOUND
 from kvtiers.testing._helpers import (

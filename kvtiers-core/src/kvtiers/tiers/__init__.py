@@ -1,6 +1,6 @@
-"""The core's built-in tiers and the factory that builds any registered tier.
+"""The core's built-in tiers (any registered tier is built by
+`kvtiers.contract.create_tier`).
 
-- `create_tier(section, ctx, registry=None)`: build a tier by its registered name.
 - `MemoryTier` (`memory`): bounded, verifying, in-process RAM tier.
 - `FaultyTier` (`faulty`): wraps any tier and injects faults, reproducibly.
 
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvtiers.tiers._factory import create_tier
-
 if TYPE_CHECKING:
     from kvtiers.tiers.faulty import FaultyTier
     from kvtiers.tiers.memory import MemoryTier
 
-__all__ = ["FaultyTier", "MemoryTier", "create_tier"]
+__all__ = ["FaultyTier", "MemoryTier"]
 
 _LAZY = {
     "FaultyTier": "kvtiers.tiers.faulty",

@@ -40,13 +40,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.options import resolve_options
-from kvtiers.parent import ParentManager
-from kvtiers.stats import StatsRecorder, TierStats
-from kvtiers.tier import SecondaryTier, TierContext
+from kvtiers.config.options import resolve_options
+from kvtiers.contract.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.parent import ParentManager
+from kvtiers.contract.stats import StatsRecorder, TierStats
+from kvtiers.contract.tier import SecondaryTier, TierContext
 from kvtiers.tiers.schemas import FAULTY_SCHEMA
 
 _DRAIN_POLL_S = 0.002  # real-time wait between looks at the clock while jobs are held

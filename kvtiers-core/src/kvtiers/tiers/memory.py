@@ -25,16 +25,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtiers.integrity import checksum
-from kvtiers.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.keys import BlockKey
-from kvtiers.lookup import LookupResult
-from kvtiers.options import resolve_options
+from kvtiers.config.options import resolve_options
+from kvtiers.contract.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.stats import StatsRecorder, TierStats
+from kvtiers.contract.tier import SecondaryTier, TierContext
 from kvtiers.sdk.engine import JobEngine, JobHooks
 from kvtiers.sdk.index import BoundedIndex, Pins, Reservation, Verdict
+from kvtiers.sdk.integrity import checksum
 from kvtiers.sdk.job import Job, Outcome
-from kvtiers.stats import StatsRecorder, TierStats
-from kvtiers.tier import SecondaryTier, TierContext
 from kvtiers.tiers.schemas import MEMORY_SCHEMA
 
 

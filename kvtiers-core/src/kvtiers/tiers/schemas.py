@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-_DRAFT = "https://json-schema.org/draft/2020-12/schema"
+from kvtiers.plugins.schema_fragments import CAPACITY_BYTES, DRAFT, EVICTION_POLICY, THREADS
 
 
 def _rate(description: str) -> dict[str, Any]:
@@ -26,15 +26,14 @@ def _rate(description: str) -> dict[str, Any]:
 
 
 MEMORY_SCHEMA: Mapping[str, Any] = {
-    "$schema": _DRAFT,
+    "$schema": DRAFT,
     "title": "memory tier",
     "type": "object",
     "additionalProperties": False,
     "required": ["capacity_bytes"],
     "properties": {
         "capacity_bytes": {
-            "type": "integer",
-            "minimum": 1,
+            **CAPACITY_BYTES,
             # Summed with the CPU pool against the machine's memory.
             "x-kvtiers": "ram_bytes",
             "description": (
@@ -44,27 +43,16 @@ MEMORY_SCHEMA: Mapping[str, Any] = {
                 "machine's memory."
             ),
         },
-        "eviction_policy": {
-            "type": "string",
-            "minLength": 1,
-            "x-kvtiers": "policy",
-            "default": "lru",
-            "description": "name of a registered eviction policy (see `kvtiers plugins`)",
-        },
-        "threads": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 64,
-            "default": 1,
-            "description": "worker threads that copy blocks between the pool and RAM",
-        },
+        "eviction_policy": {**EVICTION_POLICY},
+        "threads": {**THREADS, "description": "worker threads that copy blocks between the "
+                    "pool and RAM"},
     },
 }
 
 FAULT_OPS = ("load", "store", "lookup")
 
 FAULTY_SCHEMA: Mapping[str, Any] = {
-    "$schema": _DRAFT,
+    "$schema": DRAFT,
     "title": "faulty tier",
     "type": "object",
     "additionalProperties": False,
