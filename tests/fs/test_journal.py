@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
+from kvtiers.sdk import ErrorCounts
 from kvtiers.testing import random_keys
 from kvtiers_fs import generations as gens
 from kvtiers_fs import journal as jr
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.journal import Record
 
 _log = logging.getLogger("test")
@@ -98,7 +98,7 @@ def test_old_generations_are_removed_but_planted_directories_left(tmp_path: Path
     (tmp_path / "snapshot.2").mkdir()
     ns_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        gens.remove_old(ns_fd, 4, [0xAB], ErrorLog(_log, "t"))
+        gens.remove_old(ns_fd, 4, [0xAB], ErrorCounts(_log, "kvtiers-fs t"))
     finally:
         os.close(ns_fd)
     assert sorted(p.name for p in tmp_path.iterdir()) == [

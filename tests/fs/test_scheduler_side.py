@@ -19,9 +19,9 @@ from typing import Any
 import kvtiers_fs.store as store_mod
 import pytest
 from kvtiers.policies.lru import LRUPolicy
+from kvtiers.sdk import ErrorCounts
 from kvtiers.testing import make_namespace, random_keys
 from kvtiers_fs import layout
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.store import RootStore
 
 FILE = 8192
@@ -61,7 +61,7 @@ class GatedLRU(LRUPolicy):
 
 def _store(root: Path, policy: Callable[[], Any]) -> RootStore:
     store = RootStore(str(root), make_namespace("model-a", 4096), capacity_bytes=1 << 30,
-                      policy_factory=policy, errors=ErrorLog(_log, "t"), logger=_log)
+                      policy_factory=policy, errors=ErrorCounts(_log, "kvtiers-fs t"), logger=_log)
     store.open()
     return store
 

@@ -12,12 +12,12 @@ import os
 from pathlib import Path
 
 from kvtiers.policies.lru import LRUPolicy
+from kvtiers.sdk import ErrorCounts
 from kvtiers.testing import random_keys
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
 from kvtiers_fs.blockdir import BlockDir
 from kvtiers_fs.blockio import BlockIO
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.index import BlockIndex
 from kvtiers_fs.journal import Record
 from kvtiers_fs.recovery import Settlement
@@ -35,7 +35,7 @@ def _setup(tmp_path: Path) -> tuple[BlockIndex, BlockDir, WriterRegistry, list[l
     (tmp_path / "writers").mkdir()
     blocks_fd = os.open(tmp_path / "blocks", os.O_RDONLY | os.O_DIRECTORY)
     writers_fd = os.open(tmp_path / "writers", os.O_RDONLY | os.O_DIRECTORY)
-    errors = ErrorLog(_log, "t")
+    errors = ErrorCounts(_log, "kvtiers-fs t")
     index = BlockIndex(LRUPolicy(), 1 << 40)
     frames: list[list[Record]] = []
     return index, BlockDir(blocks_fd, NS, errors), WriterRegistry(writers_fd, ME), frames
@@ -56,7 +56,7 @@ def test_a_dead_writers_intents_are_settled_by_what_its_files_prove(tmp_path: Pa
     index, blocks, writers, frames = _setup(tmp_path)
     settlement = Settlement(index, blocks, writers,
                             lambda recs: (frames.append(recs), index.apply(recs)),
-                            ErrorLog(_log, "t"), _log, "t")
+                            ErrorCounts(_log, "kvtiers-fs t"), _log, "t")
     keys = random_keys(5)
     complete, damaged, half, linked, alive = keys
     idns = [layout.ident(k) for k in keys]
@@ -109,7 +109,7 @@ def test_settling_again_finds_nothing_to_do(tmp_path: Path) -> None:
     index, blocks, writers, frames = _setup(tmp_path)
     settlement = Settlement(index, blocks, writers,
                             lambda recs: (frames.append(recs), index.apply(recs)),
-                            ErrorLog(_log, "t"), _log, "t")
+                            ErrorCounts(_log, "kvtiers-fs t"), _log, "t")
     (key,) = random_keys(1)
     index.apply([Record(jr.ADD, DEAD, FILE, layout.ident(key))])
     settlement.reconcile()

@@ -5,7 +5,7 @@ to a new block's temporary name, checking a file that a dead writer left.
 Everything here is best effort and never raises for what it finds in the tree: a
 shard that is a symlink, a file, a FIFO, or gone is "not there" (a symlink is
 never followed: `layout.open_dir`); errors other than a missing name are counted
-once per kind in the `ErrorLog`. That matters because these calls run after a
+once per kind in the `ErrorCounts`. That matters because these calls run after a
 journal frame is appended: what the frame says must be fully applied in memory
 whatever the files look like, or reservations leak (issue 11, item 2).
 
@@ -19,17 +19,16 @@ import os
 import stat
 from collections.abc import Callable, Iterable
 
-from kvtiers.sdk import BlockRecord
+from kvtiers.sdk import BlockRecord, ErrorCounts
 
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import verify_block_file
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.layout import Ident
 from kvtiers_fs.pacing import CHUNK, pause
 
 
 class BlockDir:
-    def __init__(self, blocks_fd: int, namespace: str, errors: ErrorLog):
+    def __init__(self, blocks_fd: int, namespace: str, errors: ErrorCounts):
         self.fd = blocks_fd
         self.namespace = namespace
         self._errors = errors

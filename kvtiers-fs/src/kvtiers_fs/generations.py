@@ -16,10 +16,10 @@ import os
 from collections.abc import Iterable, Iterator
 
 import xxhash
+from kvtiers.sdk import ErrorCounts
 
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.journal import Record, Snapshot
 from kvtiers_fs.layout import Ident
 from kvtiers_fs.pacing import CHUNK, pause
@@ -30,7 +30,7 @@ class Journal:
     to (at `offset`, holding the namespace lock, having read to the end). Used by
     one thread at a time (the store's journal mutex)."""
 
-    def __init__(self, ns_fd: int, errors: ErrorLog, durable: bool):
+    def __init__(self, ns_fd: int, errors: ErrorCounts, durable: bool):
         self._ns_fd = ns_fd
         self._errors = errors
         self.durable = durable
@@ -180,7 +180,7 @@ def _write_all(fd: int, data: bytes, at: int) -> None:
         view, at = view[n:], at + n
 
 
-def remove_old(ns_fd: int, gen: int, dead: Iterable[int], errors: ErrorLog) -> None:
+def remove_old(ns_fd: int, gen: int, dead: Iterable[int], errors: ErrorCounts) -> None:
     """Remove snapshots before `gen`, journals before `gen - 1` (snapshot.<gen> may
     be based on journal.<gen-1>), and temporary snapshots of `dead` writers (or
     of no writer). Holds the namespace lock."""

@@ -19,10 +19,11 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
+from kvtiers.sdk import ErrorCounts
+
 from kvtiers_fs import generations as gens
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.generations import Journal
 from kvtiers_fs.index import BlockIndex
 from kvtiers_fs.journal import Record
@@ -34,7 +35,7 @@ from kvtiers_fs.writers import WriterRegistry
 class IndexFiles:
     def __init__(self, *, root: str, ns_fd: int, blocks_fd: int, index: BlockIndex,
                  writers: WriterRegistry, flock: Callable[[], AbstractContextManager[None]],
-                 errors: ErrorLog, logger: logging.Logger, durable: bool):
+                 errors: ErrorCounts, logger: logging.Logger, durable: bool):
         self.root = root
         self.ns_fd = ns_fd
         self.blocks_fd = blocks_fd

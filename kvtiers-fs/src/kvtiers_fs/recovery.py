@@ -30,9 +30,10 @@ import os
 import time
 from collections.abc import Callable
 
+from kvtiers.sdk import ErrorCounts
+
 from kvtiers_fs import journal as jr
 from kvtiers_fs.blockdir import BlockDir
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.index import BlockIndex
 from kvtiers_fs.journal import Record
 from kvtiers_fs.layout import Ident
@@ -49,7 +50,7 @@ class Settlement:
     with the namespace lock held (the store's `_locked`)."""
 
     def __init__(self, index: BlockIndex, blocks: BlockDir, writers: WriterRegistry,
-                 commit_frame: Callable[[list[Record]], None], errors: ErrorLog,
+                 commit_frame: Callable[[list[Record]], None], errors: ErrorCounts,
                  logger: logging.Logger, where: str):
         self._index = index
         self._blocks = blocks

@@ -71,12 +71,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-from kvtiers.sdk import Clock, EvictionPolicy, Namespace, NamespaceInventory, Pins
+from kvtiers.sdk import Clock, ErrorCounts, EvictionPolicy, Namespace, NamespaceInventory, Pins
 
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
 from kvtiers_fs.blockdir import BlockDir
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.generations import Journal
 from kvtiers_fs.index import BlockIndex
 from kvtiers_fs.indexfiles import IndexFiles
@@ -115,7 +114,7 @@ class RootStore:
         capacity_bytes: int,
         policy_factory: Callable[[], EvictionPolicy],
         durable: bool = False,
-        errors: ErrorLog,
+        errors: ErrorCounts,
         logger: logging.Logger,
         on_removed: Callable[[list[bytes]], None] | None = None,
     ):

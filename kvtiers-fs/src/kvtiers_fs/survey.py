@@ -22,12 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtiers.sdk import BlockRecord, NamespaceInventory
+from kvtiers.sdk import BlockRecord, ErrorCounts, NamespaceInventory
 
 from kvtiers_fs import journal as jr
 from kvtiers_fs import layout
 from kvtiers_fs.blockdir import BlockDir
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.generations import generations, read_snapshot
 from kvtiers_fs.layout import Ident
 from kvtiers_fs.namespaces import NAMESPACE_FILE
@@ -107,7 +106,7 @@ def _namespace(root: str, root_fd: int, fp: str, capacity: int | None,
             error = error or f"no blocks directory: {exc.strerror}"
         else:
             try:
-                bdir = BlockDir(blocks_fd, fp, ErrorLog(_log, root))
+                bdir = BlockDir(blocks_fd, fp, ErrorCounts(_log, f"kvtiers-fs {root}"))
                 records, unnamed = bdir.records(entries, ages=ages)
             finally:
                 os.close(blocks_fd)

@@ -38,6 +38,7 @@ from kvtiers.sdk import (
     AsyncProbe,
     BlockKey,
     Deferred,
+    ErrorCounts,
     FailureReason,
     Job,
     JobEngine,
@@ -54,12 +55,12 @@ from kvtiers.sdk import (
     TierStats,
     TransferJob,
     VerifyReport,
+    probed_lookup,
     resolve_options,
 )
 
 from kvtiers_fs import layout
 from kvtiers_fs.blockio import BlockIO, ReadOutcome, ReadResult, probe_o_direct
-from kvtiers_fs.errorlog import ErrorLog
 from kvtiers_fs.layout import Ident
 from kvtiers_fs.namespaces import list_namespaces
 from kvtiers_fs.schema import FS_SCHEMA, check_options, root_dirs
@@ -121,7 +122,7 @@ class FsTier(SecondaryTier):
         self.capacity_bytes: int = options["capacity_bytes"]
         self.durable: bool = bool(options["durable"])
         threads = options["threads"]
-        self._errors = ErrorLog(ctx.logger, name)
+        self._errors = ErrorCounts(ctx.logger, f"kvtiers-fs {name}")
         self._stats = StatsRecorder(capacity_bytes=self.capacity_bytes * len(self.roots))
         self.namespace = ctx.namespace.fingerprint
         self.block_bytes = ctx.block_bytes
@@ -197,17 +198,9 @@ class FsTier(SecondaryTier):
         if self._closed:
             return LookupResult.MISS
         root, idn = self._route(key)
-        if self.stores[root].contains(idn):
-            self._stats.lookup(True)
-            return LookupResult.HIT
-        if not self.shared:
-            self._stats.lookup(False)
-            return LookupResult.MISS
-        # Maybe another process stored it since we last read the journal.
-        answer = self._probe.check(key)
-        if answer is not LookupResult.RETRY:
-            self._stats.lookup(answer is LookupResult.HIT)
-        return answer
+        # Shared: another process may have stored it since we last read the journal.
+        return probed_lookup(key, self.stores[root].contains(idn),
+                             self._probe if self.shared else None, self._stats)
 
     def submit_store(self, job: TransferJob) -> None:
         self._pool.submit_store(job, _Plan())

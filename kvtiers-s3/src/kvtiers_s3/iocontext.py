@@ -14,9 +14,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kvtiers.sdk import FailureReason, Job, StatsRecorder, TierContext, run_off_loop
+from kvtiers.sdk import ErrorCounts, FailureReason, Job, StatsRecorder, TierContext, run_off_loop
 
-from kvtiers_s3.errorlog import ErrorLog
 from kvtiers_s3.holdings import Holdings, StoredObject
 from kvtiers_s3.latency import RequestLatency
 from kvtiers_s3.objects import ObjectStore
@@ -34,7 +33,7 @@ class IoContext:
     store: ObjectStore  # set by `attach`, once the tier's loop exists
 
     def __init__(self, ctx: TierContext, settings: S3Settings, holdings: Holdings,
-                 ns_root: str, stats: StatsRecorder, errors: ErrorLog,
+                 ns_root: str, stats: StatsRecorder, errors: ErrorCounts,
                  spawn: Callable[[Coroutine[Any, Any, None]], None]):
         self.ctx = ctx
         self.settings = settings

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtiers.sdk import FailureReason, Job, TierContext, verify
+from kvtiers.sdk import ErrorCounts, FailureReason, Job, TierContext, verify
 
 from kvtiers_s3 import codec
 from kvtiers_s3.catalog import BROKEN
 from kvtiers_s3.codec import FormatError
-from kvtiers_s3.errorlog import ErrorLog
 from kvtiers_s3.holdings import StoredObject
 from kvtiers_s3.ranges import Read
 
@@ -33,7 +32,7 @@ Placed = FailureReason | None
 
 
 class Placer:
-    def __init__(self, ctx: TierContext, errors: ErrorLog):
+    def __init__(self, ctx: TierContext, errors: ErrorCounts):
         self.pool = ctx.pool
         self.fingerprint = ctx.namespace.fingerprint
         self.block_bytes = ctx.block_bytes

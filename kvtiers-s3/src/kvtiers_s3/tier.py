@@ -38,6 +38,7 @@ from kvtiers.sdk import (
     AsyncJobEngine,
     AsyncProbe,
     BlockKey,
+    ErrorCounts,
     JobResult,
     LookupResult,
     SecondaryTier,
@@ -45,7 +46,9 @@ from kvtiers.sdk import (
     TierContext,
     TierStats,
     TransferJob,
+    probed_lookup,
     resolve_options,
+    type_name,
 )
 
 from kvtiers_s3 import codec
@@ -60,7 +63,6 @@ from kvtiers_s3.catalog import (
 )
 from kvtiers_s3.check import OBJ_PATHS, S3_PATHS, Paths, check_offline
 from kvtiers_s3.connect import open_filesystem
-from kvtiers_s3.errorlog import ErrorLog
 from kvtiers_s3.holdings import Holdings, StoredObject, segment_oid
 from kvtiers_s3.iocontext import IoContext
 from kvtiers_s3.latency import RequestLatency
@@ -107,7 +109,9 @@ class S3Tier(SecondaryTier):
         self.ns_root = namespace_root(settings.root, ctx.namespace.fingerprint)
         self.capacity_bytes = settings.capacity_bytes
         self._stats = StatsRecorder(capacity_bytes=settings.capacity_bytes)
-        self._errors = ErrorLog(ctx.logger, self.name, settings)
+        self._errors = ErrorCounts(
+            ctx.logger, f"kvtiers-s3 {self.name}", scrub=settings.scrub, kind=type_name,
+            describe=lambda exc: describe(exc, settings))
         record = codec.header_bytes(36) + ctx.block_bytes
         self._holdings = Holdings(ctx, policy=settings.eviction_policy,
                                   capacity_bytes=settings.capacity_bytes, entry_bytes=record)
@@ -249,19 +253,13 @@ class S3Tier(SecondaryTier):
         if self._closed:
             return LookupResult.MISS
         obj = self._holdings.lookup(key)
+        held = False
         if obj is not None:
             ttl = self.settings.ttl_s
-            if not ttl or obj.mtime + ttl >= self.wall_clock():
-                self._stats.lookup(True)
-                return LookupResult.HIT
-            self._engine.loop.call_soon_threadsafe(self._expire, obj)
-        if self._probe is None:
-            self._stats.lookup(False)
-            return LookupResult.MISS
-        answer = self._probe.check(key)
-        if answer is not LookupResult.RETRY:
-            self._stats.lookup(answer is LookupResult.HIT)
-        return answer
+            held = not ttl or obj.mtime + ttl >= self.wall_clock()
+            if not held:
+                self._engine.loop.call_soon_threadsafe(self._expire, obj)
+        return probed_lookup(key, held, self._probe, self._stats)
 
     def submit_store(self, job: TransferJob) -> None:
         self._engine.submit_store(job, StorePlan())

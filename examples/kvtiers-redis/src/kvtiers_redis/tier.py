@@ -36,6 +36,7 @@ from kvtiers.sdk import (
     BadBlock,
     BlockKey,
     BoundedIndex,
+    ErrorCounts,
     JobResult,
     LookupResult,
     Progress,
@@ -46,13 +47,13 @@ from kvtiers.sdk import (
     TierStats,
     TransferJob,
     VerifyReport,
+    type_name,
 )
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, ResponseError
 
 from kvtiers_redis import ops
-from kvtiers_redis.errorlog import ErrorLog
 from kvtiers_redis.names import Names
 from kvtiers_redis.scan import order, read_recency, scan
 from kvtiers_redis.settings import settings_from
@@ -88,7 +89,9 @@ class RedisTier(SecondaryTier):
             policy, settings.capacity_bytes, on_removed=ctx.events.removed)
         self._margin_ms = int(min(HIT_MARGIN_S, settings.ttl_s / 4) * 1000)
         self._stats = StatsRecorder(settings.capacity_bytes)
-        self._errors = ErrorLog(ctx.logger, self.name, settings)
+        self._errors = ErrorCounts(
+            ctx.logger, f"kvtiers-redis {self.name} ({settings.address})", scrub=settings.scrub,
+            kind=type_name, describe=lambda exc: f"{type(exc).__name__}: {exc}")
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: asyncio.Task[None] | None = None  # the start-up scan, asked again
         self._closed = False

@@ -39,6 +39,7 @@ import redis.asyncio as aioredis
 from kvtiers.sdk import (
     AsyncJobHooks,
     BoundedIndex,
+    ErrorCounts,
     FailureReason,
     Job,
     Outcome,
@@ -53,7 +54,6 @@ from kvtiers.sdk import (
 from redis.exceptions import RedisError
 
 from kvtiers_redis import record
-from kvtiers_redis.errorlog import ErrorLog
 from kvtiers_redis.names import Names
 from kvtiers_redis.settings import RedisSettings
 
@@ -81,7 +81,7 @@ class Transfers:
     client: aioredis.Redis  # set by `attach`, on the loop
 
     def __init__(self, ctx: TierContext, settings: RedisSettings, index: BoundedIndex[int],
-                 names: Names, stats: StatsRecorder, errors: ErrorLog,
+                 names: Names, stats: StatsRecorder, errors: ErrorCounts,
                  spawn: Callable[[Coroutine[Any, Any, None]], None]):
         self.ctx = ctx
         self.settings = settings

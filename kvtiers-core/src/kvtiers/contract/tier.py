@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtiers.contract.clock import Clock, monotonic
 from kvtiers.contract.events import TierEvents
+from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.contract.jobs import JobResult, TransferJob
 from kvtiers.contract.keys import BlockKey
 from kvtiers.contract.lookup import LookupResult
@@ -42,7 +43,6 @@ from kvtiers.contract.stats import TierStats
 from kvtiers.errors import ConfigError, ConfigProblem, PluginError, UnknownNameError
 
 if TYPE_CHECKING:
-
     from kvtiers.contract.inventory import TierInventory
     from kvtiers.contract.verification import Progress, VerifyReport
     from kvtiers.plugins.registry import Registry
@@ -89,8 +89,6 @@ class TierContext:
         """A new instance of the registered eviction policy `name`, sized for
         `capacity` entries (None: unknown). An unknown name raises
         `UnknownNameError` listing the installed policies."""
-        from kvtiers.contract.eviction import EvictionPolicy
-
         cls = self.get_registry().get_policy(name).record.load()
         policy = cls(capacity=capacity)
         if not isinstance(policy, EvictionPolicy):

@@ -21,9 +21,11 @@ fragments) and `kvtiers.errors`, and nothing else of the core (its tests add
   (the scheduler's pin/touch never take its lock) and a feed from shared storage
   (`adopt`, `hold`/`release`) for tiers whose decisions are in a shared journal.
 - `ErrorCounts` (`kvtiers.sdk.error_counts`): problems counted by kind and logged
-  once per kind, scrubbed of secrets (a tier's `stats().errors`).
+  once per kind, scrubbed of secrets (a tier's `stats().errors`): `record(op, exc)`,
+  `note(op, what, message)`.
 - `AsyncProbe` (`kvtiers.sdk.probe`): a step's existence probes batched onto one
-  background thread, verdicts cached, for tiers that cannot answer a lookup at once.
+  background thread, verdicts cached, for tiers that cannot answer a lookup at once;
+  `probed_lookup`: the whole lookup of such a tier (held, else probed, else MISS).
 - checksums (`kvtiers.sdk.integrity`): `checksum`, `verify`, and `checksum_slots` /
   `land_slots` for many pool slots in one call.
 - `resolve_options` (`kvtiers.config.options`): a hand-written section checked
@@ -86,7 +88,7 @@ from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.humanize import format_bytes
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind, Task
 from kvtiers.sdk.engine import BATCH_BYTES, BatchFn, BlockFn, JobEngine, JobHooks
-from kvtiers.sdk.error_counts import ErrorCounts
+from kvtiers.sdk.error_counts import ErrorCounts, errno_name, type_name
 from kvtiers.sdk.index import BoundedIndex, EntryView, IndexView, Pins, Reservation, Verdict
 from kvtiers.sdk.integrity import (
     CHECKSUM_BYTES,
@@ -98,7 +100,7 @@ from kvtiers.sdk.integrity import (
     verify,
 )
 from kvtiers.sdk.job import CrashHook, Deferred, EndHook, Job, JobLedger, Outcome, StartHook
-from kvtiers.sdk.probe import AsyncProbe
+from kvtiers.sdk.probe import AsyncProbe, probed_lookup
 
 if TYPE_CHECKING:
     from kvtiers.sdk.aio import (
@@ -184,10 +186,13 @@ __all__ = [
     "key_hash",
     "land_slots",
     "make_key",
+    "errno_name",
     "monotonic",
+    "probed_lookup",
     "resolve_options",
     "round_up",
     "run_off_loop",
+    "type_name",
     "verify",
 ]
 

@@ -18,8 +18,11 @@ from collections.abc import Callable, Iterable, Sequence
 from kvtiers.contract.clock import Clock, monotonic
 from kvtiers.contract.keys import BlockKey
 from kvtiers.contract.lookup import LookupResult
+from kvtiers.contract.stats import StatsRecorder
 
 ProbeFn = Callable[[Sequence[BlockKey]], Iterable[BlockKey]]
+
+__all__ = ["AsyncProbe", "ProbeFn", "probed_lookup"]
 
 _log = logging.getLogger("kvtiers.probe")
 
@@ -127,3 +130,21 @@ class AsyncProbe:
                 self._inflight = frozenset()
                 self._busy = False
                 self._cv.notify_all()
+
+
+def probed_lookup(key: BlockKey, held: bool, probe: AsyncProbe | None,
+                  stats: StatsRecorder | None = None) -> LookupResult:
+    """The lookup of a tier that knows what it holds and may ask shared storage about
+    the rest: `held` -> HIT; no `probe` (the store is not shared: what the tier does
+    not hold is nowhere) -> MISS; else the probe's verdict, RETRY until it has one.
+    The answer is counted in `stats` once decided (a RETRY counts nothing).
+    Scheduler thread; O(1)."""
+    if held:
+        answer = LookupResult.HIT
+    elif probe is None:
+        answer = LookupResult.MISS
+    else:
+        answer = probe.check(key)
+    if stats is not None and answer is not LookupResult.RETRY:
+        stats.lookup(answer is LookupResult.HIT)
+    return answer
