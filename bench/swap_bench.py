@@ -177,7 +177,7 @@ def environment() -> dict[str, Any]:
         try:
             m = __import__(mod, fromlist=["__version__"])
             env[mod] = getattr(m, "__version__", "present")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any import failure: the module is missing
             env[mod] = f"missing ({type(e).__name__})"
     return env
 
@@ -436,7 +436,7 @@ def cuda_bench(args: argparse.Namespace) -> dict[str, Any]:
         for method, grid, job_blocks, kw in configs:
             try:
                 measure(layout, kind, method, grid, job_blocks, **kw)
-            except Exception as e:  # report and go on with the other methods
+            except Exception as e:  # noqa: BLE001 - report, go on with the other methods
                 log(f"  {kind} {method} grid={grid}: FAILED {type(e).__name__}: {e}")
                 out.setdefault("errors", []).append(f"{kind} {method} {grid}: {e!r}")
         del ts, layout

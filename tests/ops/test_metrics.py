@@ -148,7 +148,7 @@ def test_the_metered_tier_keeps_the_inner_tiers_flags_and_extras() -> None:
     mgr = build_manager(config, pool, NS, metrics=MetricsRecorder())
     try:
         tier = mgr.stats()  # noqa: F841 - stats work through the wrapper
-        (rt,) = mgr._traffic.tiers  # noqa: SLF001 - what the manager holds
+        (rt,) = mgr._traffic.tiers
         assert isinstance(rt.tier, MeteredTier)
         assert rt.tier.verifies == rt.tier.inner.verifies
         assert rt.tier.damage is not None  # the memory tier's own extra, through it

@@ -32,8 +32,8 @@ from tests.fs.helpers import (
 from .conftest import fs_config, kvtiers
 
 pytest.importorskip("zarr")
-from kvtiers.ops.pool_snapshot import load_pool, save_pool  # noqa: E402
-from kvtiers.ops.snapshot_store import SnapshotError, SnapshotReader  # noqa: E402
+from kvtiers.ops.pool_snapshot import load_pool, save_pool
+from kvtiers.ops.snapshot_store import SnapshotError, SnapshotReader
 
 BB = 16384  # the fs helpers' block and namespace (`context(model="model-a")`)
 NS = make_namespace("model-a", BB)

@@ -22,9 +22,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.vllm import harness as h  # noqa: E402
-from tests.vllm.test_spec import REGION_LOGGER, drive, extra, kept_mapped, loaded, tokens  # noqa: E402
-from tests.vllm.test_spec_options import level1  # noqa: E402
+from tests.vllm import harness as h
+from tests.vllm.test_spec import REGION_LOGGER, drive, extra, kept_mapped, loaded, tokens
+from tests.vllm.test_spec_options import level1
 
 BLOCKS = 10
 

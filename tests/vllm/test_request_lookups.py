@@ -16,13 +16,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvtiers.contract.keys import BlockKey  # noqa: E402
-from kvtiers.contract.lookup import LookupResult  # noqa: E402
-from kvtiers.tiers.memory import MemoryTier  # noqa: E402
+from kvtiers.contract.keys import BlockKey
+from kvtiers.contract.lookup import LookupResult
+from kvtiers.tiers.memory import MemoryTier
 
-from tests.vllm import harness as h  # noqa: E402
-from tests.vllm.test_spec import drive, extra, loaded, tokens  # noqa: E402
-from tests.vllm.test_spec_options import BLOCKS, level1, pushed_to_fs  # noqa: E402
+from tests.vllm import harness as h
+from tests.vllm.test_spec import drive, extra, loaded, tokens
+from tests.vllm.test_spec_options import BLOCKS, level1, pushed_to_fs
 
 MEMORY = {"type": "memory", "capacity_bytes": 1 << 20}
 PARAMS = {"remote_prefiller": {"remote_host": "10.0.0.1", "remote_port": 5555}}

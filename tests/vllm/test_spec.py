@@ -18,22 +18,22 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvtiers.config import load_config  # noqa: E402
-from kvtiers_vllm.spec import KvtiersOffloadingSpec  # noqa: E402
-from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (  # noqa: E402
+from kvtiers.config import load_config
+from kvtiers_vllm.spec import KvtiersOffloadingSpec
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
-from vllm.v1.kv_offload.base import (  # noqa: E402
+from vllm.v1.kv_offload.base import (
     OffloadingCounterMetadata,
     OffloadingGaugeMetadata,
     ReqContext,
     make_offload_key,
 )
-from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from tests.vllm import harness as h  # noqa: E402
+from tests.vllm import harness as h
 
 SPEC = "KvtiersCpuSpec"
 h.cpu_worker_spec(KvtiersOffloadingSpec, SPEC)

@@ -16,17 +16,17 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvtiers_vllm.plugin import TIER_TYPE, register  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (  # noqa: E402
+from kvtiers_vllm.plugin import TIER_TYPE, register
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
-from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics  # noqa: E402
-from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec  # noqa: E402
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
-from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
+from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from tests.vllm import harness as h  # noqa: E402
-from tests.vllm.test_spec import CHUNK, drive, extra, loaded, pool, record, tokens  # noqa: E402
+from tests.vllm import harness as h
+from tests.vllm.test_spec import CHUNK, drive, extra, loaded, pool, record, tokens
 
 TIERING = "OptionsTieringSpec"
 h.cpu_worker_spec(TieringOffloadingSpec, TIERING)

@@ -17,27 +17,27 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvtiers import key_group  # noqa: E402
-from kvtiers.contract.keys import key_hash  # noqa: E402
-from kvtiers_vllm import compat, tier_metrics  # noqa: E402
-from kvtiers_vllm.plugin import SPEC_NAME, TIER_TYPE, register  # noqa: E402
-from kvtiers_vllm.tier import KvtiersTier  # noqa: E402
-from kvtiers_vllm.tier_config import TierConfigError  # noqa: E402
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: E402
-from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # noqa: E402
+from kvtiers import key_group
+from kvtiers.contract.keys import key_hash
+from kvtiers_vllm import compat, tier_metrics
+from kvtiers_vllm.plugin import SPEC_NAME, TIER_TYPE, register
+from kvtiers_vllm.tier import KvtiersTier
+from kvtiers_vllm.tier_config import TierConfigError
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
     OffloadingConnector,
 )
-from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
-from vllm.v1.kv_offload.base import LookupResult, Medium, make_offload_key  # noqa: E402
-from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
-from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
-from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
-from vllm.v1.request import RequestStatus  # noqa: E402
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+from vllm.v1.kv_offload.base import LookupResult, Medium, make_offload_key
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+from vllm.v1.request import RequestStatus
 
-from . import harness  # noqa: E402
-from .conftest import MakeEngine  # noqa: E402
+from . import harness
+from .conftest import MakeEngine
 
 SPEC = "HarnessTieringSpec"
 harness.cpu_worker_spec(TieringOffloadingSpec, SPEC)

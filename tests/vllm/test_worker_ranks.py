@@ -15,14 +15,14 @@ import pytest
 
 pytest.importorskip("vllm")
 
-import torch  # noqa: E402
-from kvtiers_vllm.worker import KvtiersSwapWorker  # noqa: E402
-from vllm.v1.kv_offload.base import GPULoadStoreSpec  # noqa: E402
-from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
-from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion  # noqa: E402
+import torch
+from kvtiers_vllm.worker import KvtiersSwapWorker
+from vllm.v1.kv_offload.base import GPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
-from tests.vllm import harness as h  # noqa: E402
-from tests.vllm.test_spec import REGION_LOGGER, _canonical, kept_mapped  # noqa: E402
+from tests.vllm import harness as h
+from tests.vllm.test_spec import REGION_LOGGER, _canonical, kept_mapped
 
 WORLD, CHUNKS, BLOCKS = 2, 16, 32
 PART = h.PAGE * h.LAYERS  # one rank's part of a row: every layer's page (4 KiB)

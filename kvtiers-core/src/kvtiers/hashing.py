@@ -51,7 +51,7 @@ ExtraKeys = tuple[ExtraKey, ...] | None
 Seed = int | str | bytes
 # numpy is only named for type checkers (importing it would slow the CLI's start), and
 # a string cannot be an operand of `|` at run time: hence Union.
-TokenIds = Union[Sequence[int], "npt.NDArray[np.integer[Any]]"]  # noqa: UP007
+TokenIds = Union[Sequence[int], "npt.NDArray[np.integer[Any]]"]
 
 DEFAULT_SEED: Seed = 0
 

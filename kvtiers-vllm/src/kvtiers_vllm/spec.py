@@ -33,7 +33,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from kvtiers_vllm.compat import require_vllm  # noqa: E402
+from kvtiers_vllm.compat import require_vllm
 
 require_vllm()  # before anything of vLLM's: a clear error on another version
 

@@ -31,7 +31,7 @@ import logging
 from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
-from kvtiers_vllm.compat import require_vllm  # noqa: E402
+from kvtiers_vllm.compat import require_vllm
 
 require_vllm()
 

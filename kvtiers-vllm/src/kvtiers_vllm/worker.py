@@ -64,7 +64,7 @@ class KvtiersSwapWorker(OffloadingWorker):
             )
         rank = region.rank if rank is None else rank
         assert rank is not None, "a worker's region has a rank"
-        row = region._row_stride  # noqa: SLF001 - vLLM's region exposes no getter
+        row = region._row_stride
         world = world_size if world_size is not None else max(1, row // region.cpu_page_size)
         pages = [t.page_size_bytes for t in kv_caches.tensors]
         offsets = np.concatenate(([0], np.cumsum(pages)[:-1])).tolist() if pages else []

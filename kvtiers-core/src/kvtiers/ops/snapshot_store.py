@@ -74,7 +74,7 @@ class SnapshotWriter:
         try:
             self._group = zarr.open_group(url, mode="w",
                                           storage_options=_options(storage_options))
-        except Exception as exc:  # noqa: BLE001 - fsspec's and its clients' (botocore)
+        except Exception as exc:
             raise SnapshotError(f"{url}: cannot create a snapshot there "
                                 f"({describe_error(exc, storage_options)})") from exc
         self._group.attrs.update({
@@ -141,7 +141,7 @@ class SnapshotReader:
             self._group = zarr.open_group(url, mode="r",
                                           storage_options=_options(storage_options))
             attrs = self._group.attrs.asdict()
-        except Exception as exc:  # noqa: BLE001 - fsspec's and its clients' (botocore)
+        except Exception as exc:
             raise SnapshotError(f"{url}: not a readable kvtiers snapshot "
                                 f"({describe_error(exc, storage_options)})") from exc
         if attrs.get("kvtiers_snapshot") != SNAPSHOT_VERSION:

@@ -271,7 +271,7 @@ def load_registry(
         try:
             module = ep.load()
             pm.register(module, name=f"{dist}:{ep.name}")
-        except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything, exit too
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             registry.failures.append(

@@ -167,7 +167,7 @@ class _TorchRuntime:
     def describe(self, code: int) -> str:
         try:
             return str(self._rt.cudaGetErrorString(self._rt.cudaError(code)))
-        except Exception:
+        except Exception:  # noqa: BLE001 - only a message: the code is enough
             return f"cudaError {code}"
 
     def clear_error(self) -> None:
@@ -180,7 +180,7 @@ class _TorchRuntime:
                 paths = {line.split()[-1] for line in f if "libcudart.so" in line}
             for path in paths:
                 ctypes.CDLL(path).cudaGetLastError()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: clearing a stale error
             pass
 
 
@@ -207,7 +207,7 @@ class _CudaPythonRuntime:
         try:
             text = self._rt.cudaGetErrorString(self._rt.cudaError_t(code))[1]
             return text.decode() if isinstance(text, bytes) else str(text)
-        except Exception:
+        except Exception:  # noqa: BLE001 - only a message: the code is enough
             return f"cudaError {code}"
 
     def clear_error(self) -> None:
@@ -224,7 +224,7 @@ def cuda_runtime(backend: CudaBackend = "auto") -> _CudaRuntime:
         raise ValueError(f"cuda_backend must be 'auto', 'torch' or 'cuda-python', got {backend!r}")
     try:
         return _TorchRuntime()
-    except Exception as torch_problem:  # e.g. CUDA cannot initialise in a forked child
+    except Exception as torch_problem:  # noqa: BLE001 - e.g. no CUDA in a forked child
         try:
             return _CudaPythonRuntime()
         except PinError:
@@ -261,7 +261,7 @@ class HostRegistration:
             ptr, size = self._ranges.pop()
             try:
                 err = self._rt.unregister(ptr)
-            except Exception as e:  # CUDA already torn down at interpreter exit
+            except Exception as e:  # noqa: BLE001 - CUDA torn down at interpreter exit
                 log.warning("cudaHostUnregister(%#x) raised %r", ptr, e)
                 continue
             if err:

@@ -68,17 +68,17 @@ class ErrorCounts:
                               "stats().errors)", self._prefix, self._scrub(message), kind)
         return first
 
-    def record(self, op: str, exc: BaseException, detail: str = "") -> bool:
+    def record(self, op: str, exc: BaseException, detail: str = "") -> None:
         """Count a failed `op`: kind "op.<kind(exc)>", message "op failed:
-        <describe(exc)> [detail]". True when it is the first of its kind."""
+        <describe(exc)> [detail]"."""
         suffix = f" [{detail}]" if detail else ""
-        return self.count(f"{op}.{self._kind(exc)}",
+        self.count(f"{op}.{self._kind(exc)}",
                           f"{op} failed: {self._describe(exc)}{suffix}")
 
-    def note(self, op: str, what: str, message: str) -> bool:
+    def note(self, op: str, what: str, message: str) -> None:
         """Count a problem of `op` that is not an exception (a corrupt file, a value
         of another format): kind "op.what"."""
-        return self.count(f"{op}.{what}", message)
+        self.count(f"{op}.{what}", message)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

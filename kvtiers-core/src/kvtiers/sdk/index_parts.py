@@ -12,7 +12,6 @@ from typing import Generic, Protocol, TypeVar
 __all__ = ["EntryView", "IndexView", "Pins", "Reservation", "Verdict"]
 
 L = TypeVar("L")
-L_contra = TypeVar("L_contra", contravariant=True)
 
 
 class Verdict(enum.Enum):
@@ -33,14 +32,14 @@ class _PinCount:
         self.count = 0
 
 
-class _Owner(Protocol[L_contra]):
+class _Owner(Protocol[L]):
     """What `Pins` and `Reservation` call back: the index that made them (a
     `BoundedIndex`), which owns every count. A Protocol, so that this module does
     not import the index."""
 
-    def _release(self, pins: Pins[L_contra]) -> None: ...
+    def _release(self, pins: Pins[L]) -> None: ...
 
-    def _commit(self, key: bytes, location: L_contra, size: int,
+    def _commit(self, key: bytes, location: L, size: int,
                 held: list[tuple[bytes, _PinCount]]) -> bool: ...
 
     def _end_reservation(self, released: int, held: list[tuple[bytes, _PinCount]]) -> None: ...

@@ -355,7 +355,7 @@ class JobFlow:
         if self._on_crash is not None:
             try:
                 self._on_crash(exc)
-            except Exception:  # noqa: BLE001 - the crash hook must not add a second one
+            except Exception:
                 self.log.exception("%s: crash hook raised", self._what)
 
     def start(self, job: Job, hook: StartHook) -> list[int] | None:

@@ -7,9 +7,9 @@ importing this package does not import it: building a `DeviceSwapper` or a `KVLa
 does, and raises `kvtiers.errors.MissingExtraError`, naming the extra, without it.
 """
 
-from kvtiers.swap.device_job import SwapResult, SwapStats
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.methods import AUTO, CPU, DMA, KERNEL, METHODS, STAGED, MethodPolicy
+from kvtiers.swap.swap_job import SwapResult, SwapStats
 from kvtiers.swap.swapper import DeviceSwapper
 
 __all__ = [

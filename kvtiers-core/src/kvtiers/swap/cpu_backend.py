@@ -35,9 +35,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from kvtiers.swap.device_job import Job
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.plan import LOAD, STORE, Runs, make_runs, split_runs
+from kvtiers.swap.swap_job import SwapJob
 
 
 class _Native(Protocol):
@@ -94,10 +94,10 @@ class CpuBackend:
         # job's own thread plus helpers), as a plain copy_ uses every core.
         n = threads if threads is not None else min(2, os.cpu_count() or 1)
         self._helpers = ThreadPoolExecutor(n - 1, "kvtiers-swap-copy") if n > 1 else None
-        self._finished: deque[Job] = deque()
+        self._finished: deque[SwapJob] = deque()
         self._cond = threading.Condition()
         # A None in a queue stops its thread.
-        self._queues: dict[str, queue.SimpleQueue[Job | None]] = {
+        self._queues: dict[str, queue.SimpleQueue[SwapJob | None]] = {
             STORE: queue.SimpleQueue(),
             LOAD: queue.SimpleQueue(),
         }
@@ -111,17 +111,17 @@ class CpuBackend:
 
     # ---------------------------------------------------------------- contract
 
-    def submit(self, job: Job, method: str) -> None:
+    def submit(self, job: SwapJob, method: str) -> None:
         job.method = "cpu"
         self._queues[job.direction].put(job)
 
-    def poll(self) -> list[Job]:
+    def poll(self) -> list[SwapJob]:
         out = []
         while self._finished:
             out.append(self._finished.popleft())
         return out
 
-    def wait(self, job: Job, timeout: float | None) -> bool:
+    def wait(self, job: SwapJob, timeout: float | None) -> bool:
         return job.done.wait(timeout)
 
     def close(self) -> None:
@@ -149,14 +149,14 @@ class CpuBackend:
                 t0 = time.perf_counter()
                 try:
                     temp = self._execute(job, temp)
-                except Exception as e:  # reported in the job's result, never raised
+                except Exception as e:  # noqa: BLE001 - in the job's result, never raised
                     log.warning("swap job %s failed: %r", job.job_id, e)
                     job.error = f"{type(e).__name__}: {e}"
                 job.seconds = time.perf_counter() - t0
             self._finished.append(job)
             job.done.set()
 
-    def _execute(self, job: Job, temp: np.ndarray | None) -> np.ndarray | None:
+    def _execute(self, job: SwapJob, temp: np.ndarray | None) -> np.ndarray | None:
         layout, pool = self._groups[job.group]
         check = job.check
         slot_bytes = pool.shape[1]

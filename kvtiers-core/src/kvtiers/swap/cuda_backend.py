@@ -44,12 +44,12 @@ from kvtiers.swap.cuda_resources import (
     Table,
     TritonKernel,
 )  # fmt: skip
-from kvtiers.swap.device_job import Job
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.methods import DMA, KERNEL, STAGED, MethodPolicy
 from kvtiers.swap.plan import LOAD, STORE
 from kvtiers.swap.planner import GroupPlanner, coalesce_arrays
 from kvtiers.swap.staging import StagingRing
+from kvtiers.swap.swap_job import SwapJob
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class CudaBackend:
                 )
         self._stage_cache: dict[tuple[int, str, int], np.ndarray] = {}
         self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        self._pending: deque[Job] = deque()
+        self._pending: deque[SwapJob] = deque()
         self._tables = HostTables(self._driver)
         self._events = EventPool(self._driver)
         self._fence = self._driver.event_create(timing=False)  # wait_for_compute's
@@ -161,7 +161,7 @@ class CudaBackend:
 
     # ---------------------------------------------------------------- contract
 
-    def submit(self, job: Job, method: str) -> None:
+    def submit(self, job: SwapJob, method: str) -> None:
         """Queue the job's copies on its direction's streams (behind the caller's
         current stream's work when `wait_for_compute`) and return."""
         g = self._groups[job.group]
@@ -207,13 +207,13 @@ class CudaBackend:
             finally:
                 # Always: the job is only reported once whatever was queued ran.
                 drv.event_record(end, last)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - in the job's result, never raised
             log.warning("swap job %s (%s) failed to queue: %r", job.job_id, method, e)
             job.error = f"{type(e).__name__}: {e}"
         job.payload = (start, end, keep, tables)
         self._pending.append(job)
 
-    def poll(self) -> list[Job]:
+    def poll(self) -> list[SwapJob]:
         done = []
         for _ in range(len(self._pending)):
             job = self._pending.popleft()
@@ -223,7 +223,7 @@ class CudaBackend:
                 self._pending.append(job)
         return done
 
-    def wait(self, job: Job, timeout: float | None) -> bool:
+    def wait(self, job: SwapJob, timeout: float | None) -> bool:
         """Block until `job` ran (True) or `timeout` seconds passed (False)."""
         if job.payload is None:
             return True
@@ -231,7 +231,7 @@ class CudaBackend:
         if timeout is None:
             try:
                 self._driver.event_synchronize(end)
-            except Exception as e:  # a device fault: the job failed, poll reports it
+            except Exception as e:  # noqa: BLE001 - a device fault: poll reports it
                 job.error = job.error or f"{type(e).__name__}: {e}"
             return True
         deadline = time.monotonic() + timeout
@@ -384,14 +384,14 @@ class CudaBackend:
 
     # ---------------------------------------------------------------- internal
 
-    def _query(self, job: Job) -> bool:
+    def _query(self, job: SwapJob) -> bool:
         try:
             return self._driver.event_done(job.payload[1])
-        except Exception as e:  # sticky device error: report, never raise
+        except Exception as e:  # noqa: BLE001 - sticky device error: report, never raise
             job.error = job.error or f"{type(e).__name__}: {e}"
             return True
 
-    def _finished(self, job: Job) -> bool:
+    def _finished(self, job: SwapJob) -> bool:
         if job.payload is None:
             return True
         if not self._query(job):
@@ -399,7 +399,7 @@ class CudaBackend:
         start, end, _, tables = job.payload
         try:
             job.seconds = self._driver.event_seconds(start, end)
-        except Exception:
+        except Exception:  # noqa: BLE001 - timing only: fall back to the host clock
             job.seconds = time.perf_counter() - job.started
         self._tables.give(tables)  # the copies ran: their tables may be reused
         self._events.give(start, end)
@@ -425,7 +425,7 @@ def plan_pieces(
 def _import_triton() -> bool:
     try:
         import triton  # noqa: F401
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any import failure: Triton is off
         log.info("Triton unavailable (%r): the kernel and staged methods are off", e)
         return False
     return True

@@ -18,7 +18,6 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtiers.extras import missing_torch
-from kvtiers.swap.device_job import Job, SwapResult, SwapStats
 from kvtiers.swap.layout import KVLayout
 from kvtiers.swap.methods import (
     AUTO,
@@ -28,6 +27,7 @@ from kvtiers.swap.methods import (
     MethodPolicy,
 )
 from kvtiers.swap.plan import LOAD, STORE, BlockCheck, check_blocks
+from kvtiers.swap.swap_job import SwapJob, SwapResult, SwapStats
 
 if TYPE_CHECKING:
     import torch
@@ -121,8 +121,8 @@ class DeviceSwapper:
         else:
             raise ValueError(f"no swapper backend for device {device}")
         self._num_slots = [int(p.shape[0]) for p in pools]
-        self._jobs: dict[int, Job] = {}
-        self._ready: deque[Job] = deque()
+        self._jobs: dict[int, SwapJob] = {}
+        self._ready: deque[SwapJob] = deque()
         self._stats = SwapStats()
         self._closed = False
 
@@ -244,7 +244,7 @@ class DeviceSwapper:
                 f"{len(keys)} keys for {check.n_blocks} blocks",
             )  # fmt: skip
         nbytes = len(check.slots) * layout.rank_bytes
-        job = Job(job_id, direction, group, keys, check, nbytes)
+        job = SwapJob(job_id, direction, group, keys, check, nbytes)
         self._jobs[job_id] = job
         if self._closed:
             job.closed = True

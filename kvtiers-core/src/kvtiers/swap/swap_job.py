@@ -1,4 +1,5 @@
-"""Swapper jobs as the backends see them, their results and the swapper's counters."""
+"""`SwapJob`: one job of the DeviceSwapper as its backends see it (GPU pages <->
+pool slots), its `SwapResult` (a contract `JobResult`) and the swapper's counters."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ class SwapStats:
         return self.bytes.get(direction, 0) / s if s > 0 else 0.0
 
 
-class Job:
+class SwapJob:
     """One submitted job. Created on the submitting thread; a backend fills in
     `method`, `seconds` and, on failure, `error`, then marks it done."""
 
