@@ -1,6 +1,14 @@
 """kvtiers: move the KV cache of LLM inference engines across storage tiers.
 
-The top level re-exports the contracts that tiers and engines import. It must stay
+This is the engine face: what an engine embedding kvtiers imports. The packages
+are the layers, each importing only those before it (docs/architecture.md):
+`plugins` (records, registry, the contract version) -> `contract` (the types tiers,
+the manager and engines share) -> `pool`, `policies`, `admission` -> `config` ->
+`sdk` (the tier author's face), `manager`, `swap` (the worker side) -> `tiers`
+(memory, faulty), `metrics`, `ops` -> `testing`, `bench`, `cli`, `default_plugins`;
+beside them a few leaf helpers (`errors`, `extras`, `native`, `humanize`, `hashing`).
+
+The top level re-exports the contract's main names. It must stay
 free of torch: the CLI, config and plugin listing start fast, and the scheduler side
 and every tier run where torch is not installed (it is the extra `kvtiers-core[torch]`,
 for the worker side and the bench).
@@ -14,14 +22,24 @@ and its `view`), `prefix_block_hashes`, and the worker side's `DeviceSwapper` an
 
 from typing import TYPE_CHECKING, Any
 
-from kvtiers.contract import CONTRACT_VERSION, SecondaryTier, TierContext
-from kvtiers.contract.jobs import FailureReason, JobResult, TransferJob
-from kvtiers.contract.keys import BlockKey, key_group, make_key
-from kvtiers.contract.lookup import LookupResult
-from kvtiers.contract.namespace import FORMAT_VERSION, BlockGeometry, Namespace
-from kvtiers.contract.parent import ParentManager
-from kvtiers.contract.pool_view import PoolView
-from kvtiers.contract.stats import TierStats
+from kvtiers.contract import (
+    CONTRACT_VERSION,
+    FORMAT_VERSION,
+    BlockGeometry,
+    BlockKey,
+    FailureReason,
+    JobResult,
+    LookupResult,
+    Namespace,
+    ParentManager,
+    PoolView,
+    SecondaryTier,
+    TierContext,
+    TierStats,
+    TransferJob,
+    key_group,
+    make_key,
+)
 from kvtiers.errors import ConfigError, KvtiersError, MissingExtraError, PluginError
 
 if TYPE_CHECKING:
