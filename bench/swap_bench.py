@@ -3,7 +3,7 @@
 machine's own ceiling measured in the same run; matmul slowdown while transfers run;
 and, without CUDA, the CPU stand-in against a plain `copy_` of the same bytes.
 
-    PYTHONPATH=kvtiers-core/src python bench/swap_bench.py --json out.json      # H200
+    PYTHONPATH=kvtiers-core/src python bench/swap_bench.py --json bench/results/swap_h200.json  # H200
     .venv/bin/python bench/swap_bench.py --cpu --json bench/results/swap_cpu.json
 
 Workloads (Llama-3-8B-like: 32 layers, 8 kv heads, head size 128, bf16, 16-token
@@ -254,8 +254,8 @@ def loaded_rate(swap: DeviceSwapper, runner: Runner, mm: Matmul, method: str | N
     t0 = time.perf_counter()
     inflight: set[int] = set()
     half_p, half_s = pages // 2, slots // 2
-    # 128 blocks in flight whatever the job size (4 jobs of 32 blocks before issue 17,
-    # which left small jobs waiting on this loop's polling rather than on the link).
+    # 128 blocks in flight whatever the job size (4 jobs of 32 blocks left small jobs
+    # waiting on this loop's polling rather than on the link).
     depth = max(4, 128 // max(1, blocks))
     while not end.query():  # type: ignore[no-untyped-call]
         while len(inflight) < depth:
@@ -371,8 +371,8 @@ def cuda_bench(args: argparse.Namespace) -> dict[str, Any]:
                     [runner.timed(direction, n_jobs, job_blocks, fixed) for _ in range(runs)]
                 )
             submit_us = runner.submit_us()
-            # Stores and loads of `job_blocks` blocks each (before issue 17 this row
-            # used jobs of half that size: 64 for the 128-block rows, 8 for the small).
+            # Stores and loads of `job_blocks` blocks each (results before 2026-12-01 used
+            # jobs of half that size here: 64 for the 128-block rows, 8 for the small).
             both = median(
                 [
                     runner.both(n_jobs // 2 or 1, job_blocks, fixed, pages // 2, slots // 2)
@@ -416,7 +416,7 @@ def cuda_bench(args: argparse.Namespace) -> dict[str, Any]:
         fill(ts)
         log(f"{kind}: {layout.describe()}")
         configs: list[tuple[str, int | None, int, dict[str, Any]]] = [("dma", None, blocks, {})]
-        if args.small_only:  # issue 17's rows: small jobs, the default method
+        if args.small_only:  # the small-job rows: small jobs, the default method
             configs = [("auto", None, args.small_job, {})]
             if kind == "layer":
                 configs.append(("staged", None, args.small_job, {}))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a small swapper job's host time goes (diagnostics for issue 17).
+"""Where a small swapper job's host time goes (diagnostics for small jobs).
 
     PYTHONPATH=kvtiers-core/src python bench/swap_profile.py [--json out.json]
 
