@@ -3,7 +3,8 @@
 machine's own ceiling measured in the same run; matmul slowdown while transfers run;
 and, without CUDA, the CPU stand-in against a plain `copy_` of the same bytes.
 
-    PYTHONPATH=kvtiers-core/src python bench/swap_bench.py --json bench/results/swap_h200.json  # H200
+    PYTHONPATH=kvtiers-core/src python bench/swap_bench.py \
+        --json bench/results/swap_h200.json                                # an H200
     .venv/bin/python bench/swap_bench.py --cpu --json bench/results/swap_cpu.json
 
 Workloads (Llama-3-8B-like: 32 layers, 8 kv heads, head size 128, bf16, 16-token
