@@ -29,7 +29,7 @@ raw and p2p interleaved within each run; MB/s = 10^6 bytes/s of block bytes move
   NIXL the lookup leases the blocks, the server pinning them and saying their
   slots and checksums; untimed, as they come a scheduler step or more before the
   load), then the tier's load of the same blocks as one job, timed: on NIXL it READs
-  them under the lease with no round trip (`kvtiers_p2p.leases`), verifying each
+  them under the lease with no round trip (`kvtiers_p2p.pull.leases`), verifying each
   block in its slot, and says Landed; on ZeroMQ it fetches them (below);
 - p2p fetch: the same load again right after, with no lookup before it (the
   holder remembered, no lease: what a second load of the same blocks does): the
@@ -132,9 +132,9 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
     from kvtiers.contract.pool_view import PoolView
     from kvtiers.contract.tier import TierContext
     from kvtiers.testing import make_namespace
-    from kvtiers_p2p.codec import decode_server, encode
-    from kvtiers_p2p.protocol import DataPlane, Lookup
     from kvtiers_p2p.tier import P2PTier
+    from kvtiers_p2p.wire.codec import decode_server, encode
+    from kvtiers_p2p.wire.protocol import DataPlane, Lookup
 
     n, bb, runs = spec["n"], spec["block_bytes"], spec["runs"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -195,7 +195,7 @@ def measure(spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
             # The raw baselines' own NIXL agents in this process (one, and one per
             # stream), connected to the server's like the tier's: no tier code in
             # their path.
-            from kvtiers_p2p.nixl_plane import NixlPlane
+            from kvtiers_p2p.wire.nixl_plane import NixlPlane
 
             assert link.nixl_peer is not None
             agent, desc = link.nixl_peer
@@ -322,7 +322,7 @@ def _parallel_read(plane: Any, agent: str, desc: Any, pairs: list[tuple[int, int
 
 
 def _nixl_imports() -> bool:
-    from kvtiers_p2p.nixl_plane import nixl_available
+    from kvtiers_p2p.wire.nixl_plane import nixl_available
 
     return nixl_available()
 

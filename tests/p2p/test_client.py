@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from kvtiers.contract.jobs import FailureReason
 from kvtiers.contract.lookup import LookupResult
 from kvtiers.sdk.integrity import checksum
-from kvtiers_p2p.client import fetch_bounds, nixl_fetch_bounds
-from kvtiers_p2p.codec import decode_client, encode
-from kvtiers_p2p.protocol import (
+from kvtiers_p2p.pull.link import fetch_bounds, nixl_fetch_bounds
+from kvtiers_p2p.wire.codec import decode_client, encode
+from kvtiers_p2p.wire.protocol import (
     DataPlane,
     ErrorReply,
     Fetch,

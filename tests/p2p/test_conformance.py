@@ -17,8 +17,8 @@ import pytest
 from kvtiers import SecondaryTier, TierContext
 from kvtiers.contract.keys import BlockKey
 from kvtiers.testing import TierConformance
-from kvtiers_p2p.nixl_plane import nixl_available
 from kvtiers_p2p.tier import P2PTier
+from kvtiers_p2p.wire.nixl_plane import nixl_available
 
 from tests.p2p.engine import FAST
 from tests.p2p.nodes import Node

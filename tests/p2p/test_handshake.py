@@ -7,8 +7,8 @@ import time
 
 import pytest
 from kvtiers.contract.lookup import LookupResult
-from kvtiers_p2p.handshake import Identity, choose_plane, refusal, seed_fingerprint
-from kvtiers_p2p.protocol import PROTOCOL_VERSION, DataPlane, Hello
+from kvtiers_p2p.wire.handshake import Identity, choose_plane, refusal, seed_fingerprint
+from kvtiers_p2p.wire.protocol import PROTOCOL_VERSION, DataPlane, Hello
 
 from tests.p2p.conftest import MakeEngine, Peer, StartPeer
 from tests.p2p.engine import keys_for

@@ -14,10 +14,10 @@ import pytest
 from kvtiers.contract.keys import BlockKey
 from kvtiers.contract.lookup import LookupResult
 from kvtiers.sdk.integrity import checksum
-from kvtiers_p2p.codec import encode
-from kvtiers_p2p.leases import USE_SHARE, Leases
-from kvtiers_p2p.nixl_plane import nixl_available
-from kvtiers_p2p.protocol import Abort, DataPlane, Landed, Lookup, LookupReply, State, Welcome
+from kvtiers_p2p.pull.leases import USE_SHARE, Leases
+from kvtiers_p2p.wire.codec import encode
+from kvtiers_p2p.wire.nixl_plane import nixl_available
+from kvtiers_p2p.wire.protocol import Abort, DataPlane, Landed, Lookup, LookupReply, State, Welcome
 
 from tests.p2p.conftest import MakeEngine
 from tests.p2p.engine import Engine, block_data, keys_for, wait_for

@@ -16,8 +16,8 @@ import pytest
 from kvtiers.contract.lookup import LookupResult
 from kvtiers.errors import ConfigError
 from kvtiers.testing import make_context
-from kvtiers_p2p.nixl_plane import nixl_available
 from kvtiers_p2p.tier import P2PTier
+from kvtiers_p2p.wire.nixl_plane import nixl_available
 
 from tests.p2p import netns
 from tests.p2p.conftest import ROOT, MakeEngine, StartPeer, child_env

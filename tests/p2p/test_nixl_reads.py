@@ -13,13 +13,13 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
-import kvtiers_p2p.nixl_reads as nixl_reads
+import kvtiers_p2p.pull.nixl_reads as nixl_reads
 import pytest
 from kvtiers.contract.jobs import FailureReason
 from kvtiers.contract.pool_view import PoolView
 from kvtiers.sdk.integrity import checksum
-from kvtiers_p2p.nixl_reads import NixlReads, piece_blocks
-from kvtiers_p2p.protocol import DataPlane, State, TransferDone
+from kvtiers_p2p.pull.nixl_reads import NixlReads, piece_blocks
+from kvtiers_p2p.wire.protocol import DataPlane, State, TransferDone
 
 BB = 4096
 PIECE = 4  # blocks per piece in these tests (PIECE_BYTES patched below)

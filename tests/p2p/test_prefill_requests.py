@@ -14,9 +14,9 @@ from typing import Any, cast
 import pytest
 from kvtiers.contract.keys import BlockKey
 from kvtiers.contract.lookup import LookupResult
-from kvtiers_p2p import prefills as prefills_mod
-from kvtiers_p2p.client import PeerLink
-from kvtiers_p2p.prefills import Prefills
+from kvtiers_p2p.pull import prefills as prefills_mod
+from kvtiers_p2p.pull.link import PeerLink
+from kvtiers_p2p.pull.prefills import Prefills
 
 from tests.p2p.conftest import MakeEngine, Peer, StartPeer
 from tests.p2p.engine import BB, FAST, SLOTS, Engine, block_data, keys_for, wait_for

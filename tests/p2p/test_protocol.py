@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvtiers.contract.keys import GROUP_BYTES
-from kvtiers_p2p.codec import ProtocolError, check_slots, decode_client, decode_server, encode
-from kvtiers_p2p.protocol import (
+from kvtiers_p2p.wire.codec import ProtocolError, check_slots, decode_client, decode_server, encode
+from kvtiers_p2p.wire.protocol import (
     MAX_CONTROL_BYTES,
     MAX_KEY_BYTES,
     MAX_KEYS,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from kvtiers.contract.lookup import LookupResult
-from kvtiers_p2p.security import KeyFileError, keygen, load_secret
+from kvtiers_p2p.wire.security import KeyFileError, keygen, load_secret
 
 from tests.p2p.conftest import MakeEngine
 from tests.p2p.engine import Engine, keys_for

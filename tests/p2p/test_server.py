@@ -16,8 +16,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvtiers.sdk.integrity import checksum
-from kvtiers_p2p.codec import decode_server, encode
-from kvtiers_p2p.protocol import (
+from kvtiers_p2p.wire.codec import decode_server, encode
+from kvtiers_p2p.wire.protocol import (
     Abort,
     DataPlane,
     Disconnect,

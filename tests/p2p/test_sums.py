@@ -15,7 +15,7 @@ from kvtiers.contract.pool_view import PoolView
 from kvtiers.manager import TieringOffloadingManager
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.sdk.integrity import checksum
-from kvtiers_p2p.sums import BlockSums
+from kvtiers_p2p.serve.sums import BlockSums
 
 from tests.p2p.engine import keys_for
 

@@ -1,10 +1,10 @@
-"""`kvtiers_p2p.verdicts`: the outcome per key both data planes report."""
+"""`kvtiers_p2p.pull.verdicts`: the outcome per key both data planes report."""
 
 from __future__ import annotations
 
 from kvtiers.contract.jobs import FailureReason
-from kvtiers_p2p.protocol import State
-from kvtiers_p2p.verdicts import mark_corrupt, outcomes_of
+from kvtiers_p2p.pull.verdicts import mark_corrupt, outcomes_of
+from kvtiers_p2p.wire.protocol import State
 
 
 def test_a_reply_says_shipped_refused_or_missing_per_key() -> None:

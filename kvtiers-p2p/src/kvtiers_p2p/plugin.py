@@ -6,8 +6,7 @@ class is named as a "module:Class" string and imported only when a config uses i
 
 from __future__ import annotations
 
-from kvtiers.plugins import CommandRecord, TierRecord, hookimpl
-from kvtiers.sdk import CONTRACT_VERSION
+from kvtiers.plugins import CONTRACT_VERSION, CommandRecord, TierRecord, hookimpl
 
 from kvtiers_p2p.schema import P2P_SCHEMA
 
@@ -32,9 +31,9 @@ def kvtiers_register_tiers() -> list[TierRecord]:
 def kvtiers_register_commands() -> list[CommandRecord]:
     return [
         CommandRecord("serve", "run a standalone cache node that p2p peers pull from and "
-                      "cascade into", "kvtiers_p2p.commands:add_serve_arguments",
-                      "kvtiers_p2p.commands:run_serve", CONTRACT_VERSION),
+                      "cascade into", "kvtiers_p2p.node.commands:add_serve_arguments",
+                      "kvtiers_p2p.node.commands:run_serve", CONTRACT_VERSION),
         CommandRecord("p2p", "p2p tier tools: keygen (CURVE key pairs)",
-                      "kvtiers_p2p.commands:add_p2p_arguments", "kvtiers_p2p.commands:run_p2p",
-                      CONTRACT_VERSION),
+                      "kvtiers_p2p.node.commands:add_p2p_arguments",
+                      "kvtiers_p2p.node.commands:run_p2p", CONTRACT_VERSION),
     ]

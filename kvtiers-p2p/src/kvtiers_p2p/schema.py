@@ -5,13 +5,16 @@ It accepts vLLM's p2p tier keys verbatim (`host`, `port`, `backends`,
 `num_threads`, `unbound_store_timeout_s`) plus kvtiers' own (`peers`, `role`,
 `data_plane`, `hash_seed`, `keepalive`, `limits`, ...). Unknown keys are refused
 by name (additionalProperties: false; the config layer names them). Imported by
-the plugin record, so it imports no tier code.
+the plugin record, so it imports no tier code (only `kvtiers.plugins`' schema
+fragments).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from kvtiers.plugins import DRAFT, THREADS
 
 __all__ = ["P2P_SCHEMA", "ROLES"]
 
@@ -32,7 +35,7 @@ _ENDPOINT = {
 }
 
 P2P_SCHEMA: Mapping[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$schema": DRAFT,
     "title": "p2p tier",
     "type": "object",
     "additionalProperties": False,
@@ -109,9 +112,7 @@ P2P_SCHEMA: Mapping[str, Any] = {
             "description": "NIXL backends (vLLM: backends); unused by the ZeroMQ plane",
         },
         "num_threads": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 64,
+            **THREADS,
             "default": 4,
             "description": "transfers a puller runs at once (vLLM: num_threads)",
         },

@@ -12,7 +12,7 @@ Pulling (the tier's lookups and loads):
   what peers pull, for as long as the pool holds it; it succeeds at once. With
   `push`, it sends the blocks (with checksums) to the first ready peer that takes
   stores - a `kvtiers serve` cache node - which verifies and keeps them
-  (`kvtiers_p2p.pushes`).
+  (`kvtiers_p2p.pull.pushes`).
 
 Serving (`serve_external_requests(parent)`, with a `port`): a `PeerServer` answers
 peers from the manager through `ParentManager` (pin, ship, unpin), bounded by the
@@ -70,15 +70,16 @@ from kvtiers.sdk import (
     resolve_options,
 )
 
-from kvtiers_p2p.client import LinkOptions, PeerLink
-from kvtiers_p2p.handshake import Identity, seed_fingerprint
-from kvtiers_p2p.nixl_plane import NixlMissing, NixlPlane
-from kvtiers_p2p.prefills import Prefills
-from kvtiers_p2p.protocol import MAX_KEYS, DataPlane, State
-from kvtiers_p2p.pushes import Pushes
+from kvtiers_p2p.pull.link import PeerLink
+from kvtiers_p2p.pull.prefills import Prefills
+from kvtiers_p2p.pull.pushes import Pushes
+from kvtiers_p2p.pull.session import LinkOptions
 from kvtiers_p2p.schema import P2P_SCHEMA
-from kvtiers_p2p.security import CurveKeys
-from kvtiers_p2p.server import PeerServer, ServeLimits, StoreSink
+from kvtiers_p2p.serve.server import PeerServer, ServeLimits, StoreSink
+from kvtiers_p2p.wire.handshake import Identity, seed_fingerprint
+from kvtiers_p2p.wire.nixl_plane import NixlMissing, NixlPlane
+from kvtiers_p2p.wire.protocol import MAX_KEYS, DataPlane, State
+from kvtiers_p2p.wire.security import CurveKeys
 
 __all__ = ["P2PTier"]
 

@@ -36,9 +36,9 @@ from kvtiers.sdk import (
     monotonic,
 )
 
-from kvtiers_p2p.protocol import State
-from kvtiers_p2p.sessions import StoreAnswer
+from kvtiers_p2p.serve.sessions import StoreAnswer
 from kvtiers_p2p.tier import P2PTier
+from kvtiers_p2p.wire.protocol import State
 
 __all__ = ["CacheNode"]
 

@@ -57,7 +57,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from kvtiers import load_config
     from kvtiers.errors import ConfigError, ConfigProblem
 
-    from kvtiers_p2p.node import CacheNode
+    from kvtiers_p2p.node.cache_node import CacheNode
 
     config = load_config(args.config)
     model = args.model or config.model
@@ -179,7 +179,7 @@ def add_p2p_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_p2p(args: argparse.Namespace) -> int:
-    from kvtiers_p2p.security import keygen
+    from kvtiers_p2p.wire.security import keygen
 
     public, secret = keygen(args.directory, args.name)
     print(f"public key: {public} (give it to the servers' allowed_keys_dir, or to the "

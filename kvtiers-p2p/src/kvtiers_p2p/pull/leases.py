@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from kvtiers.sdk import BlockKey
 
-from kvtiers_p2p.protocol import LookupReply, State
+from kvtiers_p2p.wire.protocol import LookupReply, State
 
 __all__ = ["Lease", "Leases", "Taken"]
 

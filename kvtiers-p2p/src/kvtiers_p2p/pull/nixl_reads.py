@@ -37,9 +37,9 @@ from typing import TypeAlias
 
 from kvtiers.sdk import FailureReason, Outcome, PoolView, checksum_slots
 
-from kvtiers_p2p.nixl_plane import NixlPlane
-from kvtiers_p2p.protocol import DataPlane, State, TransferDone
-from kvtiers_p2p.verdicts import mark_corrupt, outcomes_of
+from kvtiers_p2p.pull.verdicts import mark_corrupt, outcomes_of
+from kvtiers_p2p.wire.nixl_plane import NixlPlane
+from kvtiers_p2p.wire.protocol import DataPlane, State, TransferDone
 
 __all__ = ["Landing", "NixlReads"]
 

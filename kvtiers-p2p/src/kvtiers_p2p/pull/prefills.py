@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from kvtiers.sdk import BlockKey
 
-from kvtiers_p2p.client import PeerLink
+from kvtiers_p2p.pull.link import PeerLink
 
 __all__ = ["MAX_NAMED", "MAX_REQUESTS", "MAX_REQUEST_KEYS", "Prefills"]
 

@@ -30,8 +30,8 @@ from kvtiers.sdk import (
     run_off_loop,
 )
 
-from kvtiers_p2p.client import PeerLink
-from kvtiers_p2p.protocol import State
+from kvtiers_p2p.pull.link import PeerLink
+from kvtiers_p2p.wire.protocol import State
 
 __all__ = ["Pushes"]
 

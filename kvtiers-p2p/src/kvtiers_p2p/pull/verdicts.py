@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from kvtiers.sdk import FailureReason, Outcome
 
-from kvtiers_p2p.protocol import State
+from kvtiers_p2p.wire.protocol import State
 
 __all__ = ["mark_corrupt", "outcomes_of"]
 

@@ -49,10 +49,12 @@ import msgspec
 import zmq
 from kvtiers.sdk import BlockKey, LookupResult, ParentManager, PoolView, checksum
 
-from kvtiers_p2p.codec import ProtocolError, check_slots, decode_client, encode
-from kvtiers_p2p.handshake import Identity, choose_plane, refusal
-from kvtiers_p2p.nixl_plane import NixlPlane
-from kvtiers_p2p.protocol import (
+from kvtiers_p2p.serve.sessions import ServeLimits, Session, Shipment, StoreSink
+from kvtiers_p2p.serve.sums import BlockSums
+from kvtiers_p2p.wire.codec import ProtocolError, check_slots, decode_client, encode
+from kvtiers_p2p.wire.handshake import Identity, choose_plane, refusal
+from kvtiers_p2p.wire.nixl_plane import NixlPlane
+from kvtiers_p2p.wire.protocol import (
     MAX_KEYS,
     Abort,
     DataPlane,
@@ -72,9 +74,7 @@ from kvtiers_p2p.protocol import (
     TransferDone,
     Welcome,
 )
-from kvtiers_p2p.security import CurveKeys
-from kvtiers_p2p.sessions import ServeLimits, Session, Shipment, StoreSink
-from kvtiers_p2p.sums import BlockSums
+from kvtiers_p2p.wire.security import CurveKeys
 
 __all__ = ["PeerServer", "ServeLimits", "StoreSink"]
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from kvtiers_p2p.protocol import (
+from kvtiers_p2p.wire.protocol import (
     MAX_CONTROL_BYTES,
     ClientMessage,
     DataPlane,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from kvtiers_p2p.protocol import PROTOCOL_VERSION, DataPlane, Hello
+from kvtiers_p2p.wire.protocol import PROTOCOL_VERSION, DataPlane, Hello
 
 __all__ = ["Identity", "choose_plane", "refusal", "seed_fingerprint"]
 

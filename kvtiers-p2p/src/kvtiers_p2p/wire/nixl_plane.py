@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from kvtiers.sdk import PoolView
 
-from kvtiers_p2p.protocol import DataPlane
+from kvtiers_p2p.wire.protocol import DataPlane
 
 __all__ = ["NixlMissing", "NixlPlane", "load_nixl", "nixl_available"]
 

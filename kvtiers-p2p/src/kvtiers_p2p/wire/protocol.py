@@ -26,7 +26,7 @@ A session, puller (DEALER) to server (ROUTER):
 5. `KeepAlive` both ways; a side that hears nothing for its timeout drops the
    session. `Disconnect` ends it at once.
 
-The limits are part of the protocol: a decoder (`kvtiers_p2p.codec`) rejects a
+The limits are part of the protocol: a decoder (`kvtiers_p2p.wire.codec`) rejects a
 message past them before it is used, so a hostile peer cannot make a side
 allocate, pin or touch more than they allow.
 """
