@@ -13,11 +13,11 @@ new objects and every loaded byte is compared with what was stored):
   many pooled connections), put_object / get_object, one object per block;
 - raw s3fs-async: s3fs on one event loop, `_pipe_file` / `_cat_file` per block under
   asyncio.gather with a semaphore of --concurrency, one object per block;
-- raw objectstore: `kvtiers_s3.objects.ObjectStore` (the tier's data layer: s3fs'
+- raw objectstore: `kvtiers_s3.client.objects.ObjectStore` (the tier's data layer: s3fs'
   aiobotocore client called directly), same pattern; objectstore-boto3: the same
   layer with boto3 on a thread pool (`client: "boto3"`);
 - per-block (objectstore): kvtiers-s3's block records (header + block,
-  `kvtiers_s3.codec`), header checked and checksum verified on load;
+  `kvtiers_s3.layout.codec`), header checked and checksum verified on load;
 - nixl-obj (vLLM): vLLM's obj tier's data path, NIXL's OBJ backend as vLLM 0.33
   drives it (one transfer per job, num_threads = --concurrency), in its own
   process (bench/nixl_obj_bench.py; --nixl-path);
@@ -25,7 +25,7 @@ new objects and every loaded byte is compared with what was stored):
   packed into segments of up to N MiB (`segment.plan_segments`), one PUT each;
   loaded with one ranged GET per block ("load-ranged": a load of scattered
   blocks) and with the job's records coalesced into as few ranged GETs as they
-  allow ("load-coalesced", `kvtiers_s3.ranges`: a prefix loaded as it was stored).
+  allow ("load-coalesced", `kvtiers_s3.jobs.ranges`: a prefix loaded as it was stored).
 
 Per-request latency (p50/p99 ms) is recorded for every pass. The tier's rows
 (`s3-tier/<client>`, `bench/s3/tier.py`) store the same blocks from a pool in

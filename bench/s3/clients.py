@@ -12,8 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kvtiers_s3.connect import open_filesystem
-from kvtiers_s3.objects import ObjectStore
+from kvtiers_s3.client.connect import open_filesystem
+from kvtiers_s3.client.objects import ObjectStore
 from kvtiers_s3.settings import settings_from_s3
 
 from tests.s3.servers import BOTOCORE_CONFIG, S3Server

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvtiers_s3 import codec, segment
-from kvtiers_s3.ranges import coalesce
+from kvtiers_s3.jobs.ranges import coalesce
+from kvtiers_s3.layout import codec, segment
 
 from bench.s3.clients import CpuClock, S3fsAsync, Timed
 

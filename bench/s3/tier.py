@@ -16,11 +16,11 @@ from typing import Any
 from kvtiers.contract.namespace import BlockGeometry, Namespace
 from kvtiers.contract.pool_view import PoolView
 from kvtiers.contract.tier import TierContext
-from kvtiers_s3 import codec, segment
-from kvtiers_s3.body import joined
-from kvtiers_s3.connect import open_filesystem
-from kvtiers_s3.names import block_name, namespace_root, segment_name
-from kvtiers_s3.objects import ObjectStore
+from kvtiers_s3.client.body import joined
+from kvtiers_s3.client.connect import open_filesystem
+from kvtiers_s3.client.objects import ObjectStore
+from kvtiers_s3.layout import codec, segment
+from kvtiers_s3.layout.names import block_name, namespace_root, segment_name
 from kvtiers_s3.settings import settings_from_s3
 from kvtiers_s3.tier import S3Tier
 
@@ -115,7 +115,7 @@ def tier_pass(server: S3Server, make: Callable[[], list[tuple[bytes, bytes]]], p
 def _copy_bodies(tier: S3Tier) -> None:
     """Make the tier's PUTs copy each object's parts into one buffer first (the
     store path before `body.PartsBody`): bench-only, on this tier's own store."""
-    store = tier._store  # noqa: SLF001 - a bench's A/B of the tier's internals
+    store = tier._store
     send = store.put_made
 
     async def put_made(name: str, make: Callable[[], Any]) -> bool:

@@ -14,9 +14,9 @@ import uuid
 from typing import Any
 
 import pytest
-from kvtiers_s3.body import PartsBody, joined
-from kvtiers_s3.connect import open_filesystem
-from kvtiers_s3.objects import ObjectStore
+from kvtiers_s3.client.body import PartsBody, joined
+from kvtiers_s3.client.connect import open_filesystem
+from kvtiers_s3.client.objects import ObjectStore
 from kvtiers_s3.settings import settings_from_s3
 
 from tests.s3.servers import S3Server

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from kvtiers_s3.bucket import ensure_bucket, lifecycle_rule_id, set_ttl_rule
+from kvtiers_s3.client.bucket import ensure_bucket, lifecycle_rule_id, set_ttl_rule
 from kvtiers_s3.settings import S3Settings, settings_from_s3
 
 from tests.s3.servers import S3Server

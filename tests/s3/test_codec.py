@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kvtiers.sdk.integrity import verify
-from kvtiers_s3.codec import (
+from kvtiers_s3.layout.codec import (
     FIXED_BYTES,
     MAGIC,
     MAX_KEY_BYTES,

@@ -13,7 +13,7 @@ import fsspec
 import pytest
 from kvtiers import SecondaryTier, TierContext
 from kvtiers.testing import TierConformance
-from kvtiers_s3.connect import open_filesystem
+from kvtiers_s3.client.connect import open_filesystem
 from kvtiers_s3.tier import S3Tier
 
 from tests.s3.servers import S3Server

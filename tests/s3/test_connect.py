@@ -12,8 +12,8 @@ import uuid
 from typing import Any
 
 import pytest
-from kvtiers_s3.connect import boto3_client, botocore_config, open_filesystem
-from kvtiers_s3.objects import ObjectStore
+from kvtiers_s3.client.connect import boto3_client, botocore_config, open_filesystem
+from kvtiers_s3.client.objects import ObjectStore
 from kvtiers_s3.settings import S3Settings, settings_from_s3
 
 from tests.s3.servers import S3Server

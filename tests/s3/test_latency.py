@@ -17,7 +17,7 @@ from kvtiers.testing import (
     poison_slots,
     random_keys,
 )
-from kvtiers_s3.latency import BUCKETS, LOAD, PER_OCTAVE, STORE, RequestLatency
+from kvtiers_s3.jobs.latency import BUCKETS, LOAD, PER_OCTAVE, STORE, RequestLatency
 
 from tests.s3.helpers import s3_tier
 from tests.s3.servers import S3Server

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from kvtiers_s3.names import (
+from kvtiers_s3.layout.names import (
     BLOCKS,
     SEGMENTS,
     block_name,

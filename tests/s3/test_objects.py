@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from kvtiers.contract.jobs import FailureReason
-from kvtiers_s3.connect import open_filesystem
-from kvtiers_s3.names import BLOCKS, block_name, namespace_root, shard_prefixes
-from kvtiers_s3.objects import ObjectStore, classify
+from kvtiers_s3.client.connect import open_filesystem
+from kvtiers_s3.client.objects import ObjectStore, classify
+from kvtiers_s3.layout.names import BLOCKS, block_name, namespace_root, shard_prefixes
 from kvtiers_s3.settings import S3Settings, settings_from_s3
 
 from tests.s3.servers import S3Server, free_port

@@ -7,9 +7,9 @@ import os
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from kvtiers_s3.codec import FormatError, Reason, header_bytes
-from kvtiers_s3.ranges import coalesce
-from kvtiers_s3.segment import (
+from kvtiers_s3.jobs.ranges import coalesce
+from kvtiers_s3.layout.codec import FormatError, Reason, header_bytes
+from kvtiers_s3.layout.segment import (
     SEGMENT_MAGIC,
     decode_index,
     decode_member,

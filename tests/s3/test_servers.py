@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import BotoCoreError
-from kvtiers_s3.connect import open_filesystem
+from kvtiers_s3.client.connect import open_filesystem
 from kvtiers_s3.settings import settings_from_s3
 
 from tests.s3.servers import S3Server

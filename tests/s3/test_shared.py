@@ -26,7 +26,7 @@ from kvtiers.testing import (
     resolve_lookup,
     wait_until,
 )
-from kvtiers_s3 import codec
+from kvtiers_s3.layout import codec
 
 from tests.s3.child import BLOCK, blocks
 from tests.s3.conftest import REPO, cli_env

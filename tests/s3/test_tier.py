@@ -23,7 +23,7 @@ from kvtiers.testing import (
     resolve_lookup,
     wait_until,
 )
-from kvtiers_s3.names import block_name, namespace_root
+from kvtiers_s3.layout.names import block_name, namespace_root
 from kvtiers_s3.tier import ObjTier, S3Tier
 
 from tests.s3.helpers import fetch, listed, rewrite, s3_tier

@@ -26,7 +26,7 @@ from typing import Any
 
 from kvtiers.errors import ConfigError, ConfigNote, ConfigProblem
 
-from kvtiers_s3.connect import boto3_client, open_filesystem
+from kvtiers_s3.client.connect import boto3_client, open_filesystem
 from kvtiers_s3.settings import S3Settings, settings_from_obj, settings_from_s3
 
 __all__ = ["OBJ_PATHS", "S3_PATHS", "check_obj", "check_offline", "check_s3", "check_settings"]

@@ -8,8 +8,7 @@ when a config uses them.
 
 from __future__ import annotations
 
-from kvtiers.plugins import TierRecord, hookimpl
-from kvtiers.sdk import CONTRACT_VERSION
+from kvtiers.plugins import CONTRACT_VERSION, TierRecord, hookimpl
 
 from kvtiers_s3.schema import OBJ_SCHEMA, S3_SCHEMA, VLLM_ALIASES
 

@@ -1,10 +1,12 @@
 """The config schemas of the `s3` tier (kvtiers' form) and of `obj` (vLLM's object
 store tier, accepted verbatim), and the vLLM names of their options.
 
-Imported by the plugin module, so it imports nothing but the standard library:
-`kvtiers plugins` and `kvtiers validate` stay fast. Credentials are marked
-`"writeOnly": true` (JSON Schema's word for "never shown back"): `kvtiers validate`
-prints them as `***`. What the options mean once resolved is `settings.py`.
+Imported by the plugin module, so it imports nothing but the standard library and
+the schema fragments of `kvtiers.plugins` (`DRAFT`, `EVICTION_POLICY`,
+`CAPACITY_BYTES` with s3's own description): `kvtiers plugins` and `kvtiers
+validate` stay fast. Credentials are marked `"writeOnly": true` (JSON Schema's word
+for "never shown back"): `kvtiers validate` prints them as `***`. What the options
+mean once resolved is `settings.py`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-_DRAFT = "https://json-schema.org/draft/2020-12/schema"
+from kvtiers.plugins import CAPACITY_BYTES, DRAFT, EVICTION_POLICY
+
 MiB = 1 << 20
 
 DEFAULT_CONCURRENCY = 32
@@ -29,8 +32,7 @@ def _secret(description: str) -> dict[str, Any]:
 def _capacity(why: str) -> dict[str, Any]:
     # The first sentence is what a "missing" error quotes: it says what to add.
     return {
-        "type": "integer",
-        "minimum": 1,
+        **CAPACITY_BYTES,
         "description": (
             "Bytes this model's objects may take under the prefix, headers included; "
             f"{why}. Every writer sharing a prefix should use the same value."
@@ -39,13 +41,7 @@ def _capacity(why: str) -> dict[str, Any]:
 
 
 _COMMON: dict[str, Any] = {
-    "eviction_policy": {
-        "type": "string",
-        "minLength": 1,
-        "x-kvtiers": "policy",
-        "default": "lru",
-        "description": "name of a registered eviction policy (see `kvtiers plugins`)",
-    },
+    "eviction_policy": {**EVICTION_POLICY},
     "concurrency": {
         "type": "integer",
         "minimum": 1,
@@ -170,7 +166,7 @@ STORAGE_OPTIONS: Mapping[str, Any] = {
 }
 
 S3_SCHEMA: Mapping[str, Any] = {
-    "$schema": _DRAFT,
+    "$schema": DRAFT,
     "title": "s3 tier",
     "type": "object",
     "additionalProperties": False,
@@ -218,7 +214,7 @@ STORE_CONFIG: Mapping[str, Any] = {
 }
 
 OBJ_SCHEMA: Mapping[str, Any] = {
-    "$schema": _DRAFT,
+    "$schema": DRAFT,
     "title": "obj tier (vLLM's object store tier, on kvtiers-s3)",
     "type": "object",
     "additionalProperties": False,

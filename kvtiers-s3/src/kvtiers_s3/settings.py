@@ -4,7 +4,7 @@
 `settings_from_obj(options)` reads vLLM's obj form (`store_config`, `prefix`, ...,
 or `bucket` / `endpoint_override` at the tier's top level) and maps it onto the
 same settings. Both take a section the schema accepted, defaults filled
-(`kvtiers.config.options.resolve_options`), and raise `ConfigError` for what a schema
+(`kvtiers.sdk.resolve_options`), and raise `ConfigError` for what a schema
 cannot say (a bad bucket name, a bucket given twice).
 
 Credentials: `S3Settings.secrets` holds every credential value found in the

@@ -7,14 +7,14 @@ Threads and what they may do:
 - the scheduler thread calls `lookup`, `submit_*`, `touch`, `get_finished_jobs`,
   `stats`: dictionary work (`Holdings`), a hand-off to the loop, never I/O;
 - the event loop of the core's `AsyncJobEngine` (one thread) runs every request:
-  `concurrency` at once, loads ahead of stores (`loads.Loads`, `stores.Stores`), the deletes
-  of evicted objects, the periodic listing (`rescan_s`) that counts what other
-  engines stored, and start-up;
+  `concurrency` at once, loads ahead of stores (`jobs.loads.Loads`,
+  `jobs.stores.Stores`), the deletes of evicted objects, the periodic listing
+  (`rescan_s`) that counts what other engines stored, and start-up;
 - the probe thread (`AsyncProbe`) answers lookups of keys this engine has not seen:
   a HEAD of each key's block object and a listing of segments not seen yet, run on
   the loop (the probe thread waits for it), then HIT or MISS.
 
-Start-up lists the namespace prefix (`catalog.scan`: 100 000 blocks in a few
+Start-up lists the namespace prefix (`holdings.catalog.scan`: 100 000 blocks in a few
 seconds, docs/tiers/s3.md) and applies the recency manifest written at the last
 close. Capacity with several engines on one prefix: each counts every object it
 has seen - its own, and others' found at start-up, by probes and by the listing
@@ -51,9 +51,11 @@ from kvtiers.sdk import (
     type_name,
 )
 
-from kvtiers_s3 import codec
-from kvtiers_s3.bucket import ensure_bucket, set_ttl_rule
-from kvtiers_s3.catalog import (
+from kvtiers_s3.check import OBJ_PATHS, S3_PATHS, Paths, check_offline
+from kvtiers_s3.client.bucket import ensure_bucket, set_ttl_rule
+from kvtiers_s3.client.connect import open_filesystem
+from kvtiers_s3.client.objects import ObjectStore, describe
+from kvtiers_s3.holdings.catalog import (
     Scan,
     block_object,
     read_recency,
@@ -61,17 +63,15 @@ from kvtiers_s3.catalog import (
     write_namespace,
     write_recency,
 )
-from kvtiers_s3.check import OBJ_PATHS, S3_PATHS, Paths, check_offline
-from kvtiers_s3.connect import open_filesystem
-from kvtiers_s3.holdings import Holdings, StoredObject, segment_oid
-from kvtiers_s3.iocontext import IoContext
-from kvtiers_s3.latency import RequestLatency
-from kvtiers_s3.loads import LoadPlan, Loads
-from kvtiers_s3.names import SEGMENTS, block_name, namespace_root, parse_name
-from kvtiers_s3.objects import ObjectStore, describe
+from kvtiers_s3.holdings.index import Holdings, StoredObject, segment_oid
+from kvtiers_s3.jobs.iocontext import IoContext
+from kvtiers_s3.jobs.latency import RequestLatency
+from kvtiers_s3.jobs.loads import LoadPlan, Loads
+from kvtiers_s3.jobs.stores import StorePlan, Stores
+from kvtiers_s3.layout import codec
+from kvtiers_s3.layout.names import SEGMENTS, block_name, namespace_root, parse_name
 from kvtiers_s3.schema import OBJ_SCHEMA, S3_SCHEMA
 from kvtiers_s3.settings import S3Settings, settings_from_obj, settings_from_s3
-from kvtiers_s3.stores import StorePlan, Stores
 
 __all__ = ["ObjTier", "S3Tier"]
 
@@ -288,13 +288,13 @@ class S3Tier(SecondaryTier):
 
     def request_latency(self) -> dict[str, dict[str, Any]]:
         """Per request, not per job: the p50/p99/max milliseconds of the GETs of
-        load jobs and the PUTs of store jobs so far (`latency.RequestLatency`;
+        load jobs and the PUTs of store jobs so far (`jobs.latency.RequestLatency`;
         any thread)."""
         return self._io.latency.summary()
 
     @property
     def latency(self) -> RequestLatency:
-        """Each request's time (`latency.RequestLatency`), for tools and benches."""
+        """Each request's time (`jobs.latency.RequestLatency`), for tools and benches."""
         return self._io.latency
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvtiers_s3.connect import boto3_client, region_of
+from kvtiers_s3.client.connect import boto3_client, region_of
 from kvtiers_s3.settings import S3Settings
 
 __all__ = ["DAY_S", "ensure_bucket", "lifecycle_rule_id", "set_ttl_rule"]

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from kvtiers.sdk import FailureReason
 
-from kvtiers_s3.body import Buffer, PartsBody
+from kvtiers_s3.client.body import Buffer, PartsBody
 from kvtiers_s3.settings import S3Settings
 
 __all__ = ["ObjectInfo", "ObjectStore", "classify", "describe"]
@@ -358,7 +358,7 @@ class _Boto3:
     def __init__(self, settings: S3Settings, threads: int):
         from concurrent.futures import ThreadPoolExecutor
 
-        from kvtiers_s3.connect import boto3_client
+        from kvtiers_s3.client.connect import boto3_client
 
         # A socket read never waits longer than a request may take.
         self.client = boto3_client(settings, max_pool_connections=threads,

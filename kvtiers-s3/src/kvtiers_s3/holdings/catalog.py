@@ -26,11 +26,11 @@ from typing import Any
 
 from kvtiers.sdk import Namespace
 
-from kvtiers_s3 import codec, segment
-from kvtiers_s3.codec import FormatError, Reason
-from kvtiers_s3.holdings import Member, StoredObject, segment_oid
-from kvtiers_s3.names import BLOCKS, NAMESPACE_FILE, SEGMENTS, parse_name, shard_prefixes
-from kvtiers_s3.objects import ObjectInfo, ObjectStore
+from kvtiers_s3.client.objects import ObjectInfo, ObjectStore
+from kvtiers_s3.holdings.index import Member, StoredObject, segment_oid
+from kvtiers_s3.layout import codec, segment
+from kvtiers_s3.layout.codec import FormatError, Reason
+from kvtiers_s3.layout.names import BLOCKS, NAMESPACE_FILE, SEGMENTS, parse_name, shard_prefixes
 
 __all__ = ["RECENCY_FILE", "Scan", "read_recency", "scan", "write_namespace", "write_recency"]
 

@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 from kvtiers.sdk import ErrorCounts, FailureReason, Job, StatsRecorder, TierContext, run_off_loop
 
-from kvtiers_s3.holdings import Holdings, StoredObject
-from kvtiers_s3.latency import RequestLatency
-from kvtiers_s3.objects import ObjectStore
+from kvtiers_s3.client.objects import ObjectStore
+from kvtiers_s3.holdings.index import Holdings, StoredObject
+from kvtiers_s3.jobs.latency import RequestLatency
 from kvtiers_s3.settings import S3Settings
 
 __all__ = ["IoContext", "engine_failure"]

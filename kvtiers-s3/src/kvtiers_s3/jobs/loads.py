@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 from kvtiers.sdk import AsyncJobHooks, BlockKey, FailureReason, Job, Pins
 
-from kvtiers_s3 import codec
-from kvtiers_s3.holdings import StoredObject
-from kvtiers_s3.iocontext import IoContext, engine_failure
-from kvtiers_s3.latency import LOAD
-from kvtiers_s3.objects import classify
-from kvtiers_s3.placing import Placed, Placer
-from kvtiers_s3.ranges import Read, coalesce
+from kvtiers_s3.client.objects import classify
+from kvtiers_s3.holdings.index import StoredObject
+from kvtiers_s3.jobs.iocontext import IoContext, engine_failure
+from kvtiers_s3.jobs.latency import LOAD
+from kvtiers_s3.jobs.placing import Placed, Placer
+from kvtiers_s3.jobs.ranges import Read, coalesce
+from kvtiers_s3.layout import codec
 
 __all__ = ["LoadPlan", "Loads"]
 

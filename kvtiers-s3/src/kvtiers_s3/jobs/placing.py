@@ -18,11 +18,11 @@ from typing import Any
 
 from kvtiers.sdk import ErrorCounts, FailureReason, Job, TierContext, verify
 
-from kvtiers_s3 import codec
-from kvtiers_s3.catalog import BROKEN
-from kvtiers_s3.codec import FormatError
-from kvtiers_s3.holdings import StoredObject
-from kvtiers_s3.ranges import Read
+from kvtiers_s3.holdings.catalog import BROKEN
+from kvtiers_s3.holdings.index import StoredObject
+from kvtiers_s3.jobs.ranges import Read
+from kvtiers_s3.layout import codec
+from kvtiers_s3.layout.codec import FormatError
 
 __all__ = ["Placed", "Placer"]
 

@@ -8,7 +8,7 @@ policy; evicted objects are deleted in the background) and returns one index per
 request, its *leader* (the first of its keys). The leader's item takes its slots'
 checksums and PUTs the object - with the boto3 client both on the request's own
 thread, the body sent from the slots themselves, never copied into one buffer
-(`ObjectStore.put_made`, `body.PartsBody`: the slots are the job's, unchanged,
+(`ObjectStore.put_made`, `client.body.PartsBody`: the slots are the job's, unchanged,
 until it is reported; bytes changed behind its back would be a corrupt record,
 found at load); else the parts joined on a copier thread - bounded by `timeout_s`
 and the job's deadline. The end hook makes
@@ -35,13 +35,13 @@ from kvtiers.sdk import (
     Verdict,
 )
 
-from kvtiers_s3 import codec, segment
-from kvtiers_s3.body import Buffer, joined
-from kvtiers_s3.holdings import Member, StoredObject, segment_oid
-from kvtiers_s3.iocontext import IoContext, engine_failure
-from kvtiers_s3.latency import STORE
-from kvtiers_s3.names import block_name, segment_name
-from kvtiers_s3.objects import classify
+from kvtiers_s3.client.body import Buffer, joined
+from kvtiers_s3.client.objects import classify
+from kvtiers_s3.holdings.index import Member, StoredObject, segment_oid
+from kvtiers_s3.jobs.iocontext import IoContext, engine_failure
+from kvtiers_s3.jobs.latency import STORE
+from kvtiers_s3.layout import codec, segment
+from kvtiers_s3.layout.names import block_name, segment_name
 
 __all__ = ["StorePlan", "Stores"]
 
@@ -167,7 +167,7 @@ class Stores:
     def _encode(self, job: Job, put: Put, failed: dict[int, FailureReason]
                 ) -> tuple[Sequence[Buffer], dict[BlockKey, Member]]:
         """The object as parts - headers and the slots themselves, not copied
-        (`body.PartsBody`) - with each block's checksum taken from its slot (the
+        (`client.body.PartsBody`) - with each block's checksum taken from its slot (the
         request's thread or a copier thread: the pool may be slow). A slot that
         cannot be read fails its key alone (in `failed`)."""
         io = self.io

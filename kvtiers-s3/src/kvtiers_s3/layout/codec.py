@@ -131,7 +131,7 @@ def record_parts(fingerprint: str, key: bytes,
                  payload: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
     """The record as its two parts, header and payload, the payload not copied (a
     view of `payload`): for a request body sent straight from the slot
-    (`body.PartsBody`). The checksum is computed from `payload` as it is now."""
+    (`client.body.PartsBody`). The checksum is computed from `payload` as it is now."""
     view = memoryview(payload).cast("B")
     return [encode_header(fingerprint, key, view.nbytes, checksum(view)), view]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import xxhash
 from kvtiers.sdk import checksum
 
-from kvtiers_s3.codec import (
+from kvtiers_s3.layout.codec import (
     MAX_KEY_BYTES,
     FormatError,
     Reason,
@@ -131,7 +131,7 @@ def segment_parts(
     """One segment holding `blocks` ((key, payload) pairs, distinct keys) as its
     parts - the index, then each record's header and payload - and its index. The
     payloads are not copied (views of them): a request body sent straight from
-    the slots (`body.PartsBody`). Checksums are taken from the payloads."""
+    the slots (`client.body.PartsBody`). Checksums are taken from the payloads."""
     if not 0 < len(blocks) <= MAX_RECORDS:
         raise ValueError(f"a segment holds 1..{MAX_RECORDS} blocks, not {len(blocks)}")
     keys = [bytes(k) for k, _ in blocks]
