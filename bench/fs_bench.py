@@ -189,7 +189,7 @@ def kvtiers_pass(d: Path, bb: int, n: int, per_job: int, threads: int,
     full tier, each evicting one ("store": the steady state of a cache, where
     evicted files are recycled), and to load those n blocks cold ("load")."""
     from kvtiers.contract.keys import make_key
-    from kvtiers_fs import layout
+    from kvtiers_fs.disk import layout
 
     tier = _tier(d, bb, n, capacity=n * layout.file_bytes(bb), threads=threads, **opts)
     try:
@@ -466,7 +466,7 @@ def load_behind_stores(args: argparse.Namespace, base: Path) -> dict[str, Any]:
 
 def startup(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     """Start-up time with N 4 KiB blocks on disk, by path."""
-    import kvtiers_fs.store as store_mod
+    import kvtiers_fs.namespace.store as store_mod
     from kvtiers.contract.keys import make_key
 
     n, bb = args.startup_blocks, 4096

@@ -36,11 +36,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import kvtiers_fs.store as store_mod  # noqa: E402
-from rich.progress import Progress  # noqa: E402
+import kvtiers_fs.namespace.store as store_mod
+from rich.progress import Progress
 
-from tests.fs.child import read_log, writer  # noqa: E402
-from tests.fs.test_crash import BLOCK, _check_restart, _kill_cycle, _kill_two_cycle  # noqa: E402
+from tests.fs.child import read_log, writer
+from tests.fs.test_crash import BLOCK, _check_restart, _kill_cycle, _kill_two_cycle
 
 MODES = {"keep": 1 << 20, "shared": 1 << 20, "evict": 48}  # capacity in blocks
 

@@ -52,15 +52,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import kvtiers_fs.store as store_mod  # noqa: E402
-from kvtiers.contract.keys import make_key  # noqa: E402
-from kvtiers.policies.lru import LRUPolicy  # noqa: E402
-from kvtiers_fs import journal as jr  # noqa: E402
-from kvtiers_fs import layout  # noqa: E402
-from kvtiers_fs.errorlog import ErrorLog  # noqa: E402
-from kvtiers_fs.store import RootStore  # noqa: E402
+import kvtiers_fs.namespace.store as store_mod
+from kvtiers.contract.keys import make_key
+from kvtiers.policies.lru import LRUPolicy
+from kvtiers.sdk import ErrorCounts
+from kvtiers_fs.disk import layout
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.namespace.store import RootStore
 
-from tests.fs.helpers import context, open_tier  # noqa: E402
+from tests.fs.helpers import context, open_tier
 
 BLOCK = 4096
 FILE = layout.file_bytes(BLOCK)
@@ -82,7 +82,7 @@ def append_tail(root: str, n_records: int, seed: int, ready: Any, go: Any) -> No
     of new blocks (no files: only the journal matters here) until `n_records`."""
     ctx = context(BLOCK)
     store = RootStore(root, ctx.namespace, capacity_bytes=1 << 50, policy_factory=LRUPolicy,
-                      errors=ErrorLog(_log, "tail"), logger=_log)
+                      errors=ErrorCounts(_log, "kvtiers-fs tail"), logger=_log)
     store.open()
     ready.set()
     go.wait()
@@ -163,7 +163,8 @@ class Stretches:
             real()
             self._last[me] = time.thread_time()
 
-        for name in ("pacing", "index", "store", "journal", "generations"):
+        for name in ("pacing", "journal.index", "namespace.store", "journal.records",
+                     "journal.files"):
             module = sys.modules.get(f"kvtiers_fs.{name}")
             if module is not None and hasattr(module, "pause"):
                 module.pause = pause  # type: ignore[attr-defined]

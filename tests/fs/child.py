@@ -28,7 +28,7 @@ def writer(root: str, capacity_blocks: int, seed: int, log_path: str, ready: Any
     hex line per key, with one write(2). With `key_space`, keys are drawn from
     `key_base + range(key_space)` (writers sharing one store the same keys)."""
     if rotate_bytes:
-        import kvtiers_fs.store as store_mod
+        import kvtiers_fs.namespace.store as store_mod
 
         store_mod.ROTATE_MIN_BYTES = rotate_bytes
     rng = random.Random(seed)
@@ -74,7 +74,7 @@ def die_half_way(root: str, keys: list[bytes], block_bytes: int, ready: Any) -> 
     """Store keys[0]; then reserve keys[1:], write half of keys[1]'s temporary file
     and all of keys[2]'s file (renamed into place), commit neither, and wait to be
     killed: the state a writer killed between writing and committing leaves."""
-    from kvtiers_fs import layout
+    from kvtiers_fs.disk import layout
 
     ctx = context(block_bytes, 8, clock=time.monotonic)
     tier = open_tier(ctx, root, 100)
@@ -108,7 +108,7 @@ def stop_while_writing(root: str, keys: list[bytes], block_bytes: int, log_path:
     import signal
     import threading
 
-    import kvtiers_fs.blockio as blockio
+    import kvtiers_fs.disk.blockio as blockio
 
     real_pwritev, real_write = blockio._pwritev_all, blockio.BlockIO.write
     first = keys[0]
@@ -157,9 +157,9 @@ def die_while_rotating(root: str, keys: list[bytes], block_bytes: int, ready: An
     it would append the ROTATE record (its new snapshot is in place by then)."""
     import signal
 
-    import kvtiers_fs.generations as generations
-    import kvtiers_fs.journal as jr
-    import kvtiers_fs.store as store_mod
+    import kvtiers_fs.journal.records as jr
+    import kvtiers_fs.namespace.store as store_mod
+    from kvtiers_fs.journal.files import Journal
 
     ctx = context(block_bytes, len(keys), clock=time.monotonic)
     tier = open_tier(ctx, root, 1000)
@@ -168,14 +168,14 @@ def die_while_rotating(root: str, keys: list[bytes], block_bytes: int, ready: An
     tier.submit_store(TransferJob(next(_ids), keys, list(range(len(keys)))))
     while not tier.get_finished_jobs():
         time.sleep(0.001)
-    real = generations.Journal.append
+    real = Journal.append
 
     def append(self: Any, records: Any) -> None:
         if records and records[0].op == jr.ROTATE:
             os.kill(os.getpid(), signal.SIGKILL)
         real(self, records)
 
-    generations.Journal.append = append  # type: ignore[method-assign]
+    Journal.append = append  # type: ignore[method-assign]
     store_mod.ROTATE_FACTOR = 0
     ready.put(True)
     # A Queue's put hands the item to a feeder thread: flush it to the pipe before

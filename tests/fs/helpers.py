@@ -15,7 +15,7 @@ from typing import Any
 from kvtiers.contract.keys import BlockKey
 from kvtiers.contract.tier import TierContext
 from kvtiers.testing import JobTracker, make_context, make_namespace
-from kvtiers_fs import layout
+from kvtiers_fs.disk import layout
 from kvtiers_fs.tier import FsTier
 
 BB = 16384  # block bytes of most tests

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import kvtiers_fs.store as store_mod
+import kvtiers_fs.namespace.store as store_mod
 import pytest
 
 from tests.fs.child import read_log, writer

@@ -11,7 +11,7 @@ import shutil
 import threading
 from pathlib import Path
 
-import kvtiers_fs.blockio as blockio
+import kvtiers_fs.disk.blockio as blockio
 import pytest
 from kvtiers.contract.clock import ManualClock
 from kvtiers.contract.jobs import FailureReason
@@ -175,7 +175,7 @@ def test_a_job_taken_after_its_deadline_times_out_without_io(tmp_path: Path,
         hung = _HungOnce(os.preadv)
     else:  # small blocks of a job read in one native call (BlockIO.read_many)
         if blockio._readmany is None:
-            pytest.skip("kvtiers_fs._readmany was not built")
+            pytest.skip("kvtiers_fs.disk._readmany was not built")
         hung = _HungOnce(blockio._readmany.read_files)
     hang, release = hung.hang, hung.release
 

@@ -13,7 +13,7 @@ from kvtiers.contract.jobs import FailureReason
 from kvtiers.contract.lookup import LookupResult
 from kvtiers.sdk.integrity import checksum
 from kvtiers.testing import random_keys, resolve_lookup
-from kvtiers_fs import layout
+from kvtiers_fs.disk import layout
 
 from tests.fs.helpers import (
     BB,

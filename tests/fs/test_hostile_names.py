@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from kvtiers.testing import random_keys
-from kvtiers_fs import layout, list_namespaces
+from kvtiers_fs import list_namespaces
+from kvtiers_fs.disk import layout
 from kvtiers_fs.schema import check_machine
 
 from tests.fs.helpers import (
@@ -156,7 +157,7 @@ def test_a_hostile_namespace_file_of_our_own_is_rewritten(tmp_path: Path) -> Non
 
 
 def test_generation_names_are_canonical() -> None:
-    from kvtiers_fs import journal as jr
+    from kvtiers_fs.journal import records as jr
 
     assert jr.generation_of("snapshot.12", "snapshot") == 12
     for name in ("snapshot.\u00b2", "snapshot.012", "snapshot.0", "snapshot.-1",

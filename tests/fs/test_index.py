@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.testing import random_keys
-from kvtiers_fs import journal as jr
-from kvtiers_fs.index import BlockIndex
-from kvtiers_fs.journal import Record
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.journal.index import BlockIndex
+from kvtiers_fs.journal.records import Record
 
 A, B = 0xA, 0xB
 

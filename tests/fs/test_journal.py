@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from kvtiers.sdk import ErrorCounts
 from kvtiers.testing import random_keys
-from kvtiers_fs import generations as gens
-from kvtiers_fs import journal as jr
-from kvtiers_fs.journal import Record
+from kvtiers_fs.journal import files
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.journal.records import Record
 
 _log = logging.getLogger("test")
 
@@ -67,17 +67,17 @@ def test_a_snapshot_written_in_pieces_reads_back_with_its_base(tmp_path: Path) -
         pieces = [entries[i : i + 1000] for i in range(0, 3000, 1000)]
         pending = [(random_keys(1)[0], (9, 8192))]
         lastdel = [(9, keys[0])]
-        gens.write_snapshot(ns_fd, "snapshot.8", 8, iter(pieces), pending, lastdel,
+        files.write_snapshot(ns_fd, "snapshot.8", 8, iter(pieces), pending, lastdel,
                             blocks=3000, nbytes=3000 * 8192, base_gen=7, base_offset=4160,
                             durable=False)
-        snap = gens.read_snapshot(ns_fd, 8)
+        snap = files.read_snapshot(ns_fd, 8)
         assert (snap.gen, snap.base_gen, snap.base_offset, snap.blocks) == (8, 7, 4160, 3000)
         recs = [(op, raw[:n], w, s) for op, n, w, s, raw in jr.raw_records(snap.body)]
         assert [r[1] for r in recs if r[0] == jr.ENTRY] == keys
         assert [(r[1], r[2]) for r in recs if r[0] == jr.ADD] == [(pending[0][0], 9)]
         with pytest.raises(ValueError, match="another generation"):
             os.rename("snapshot.8", "snapshot.9", src_dir_fd=ns_fd, dst_dir_fd=ns_fd)
-            gens.read_snapshot(ns_fd, 9)
+            files.read_snapshot(ns_fd, 9)
     finally:
         os.close(ns_fd)
 
@@ -98,7 +98,7 @@ def test_old_generations_are_removed_but_planted_directories_left(tmp_path: Path
     (tmp_path / "snapshot.2").mkdir()
     ns_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        gens.remove_old(ns_fd, 4, [0xAB], ErrorCounts(_log, "kvtiers-fs t"))
+        files.remove_old(ns_fd, 4, [0xAB], ErrorCounts(_log, "kvtiers-fs t"))
     finally:
         os.close(ns_fd)
     assert sorted(p.name for p in tmp_path.iterdir()) == [

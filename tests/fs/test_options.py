@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-import kvtiers_fs.blockio as blockio
+import kvtiers_fs.disk.blockio as blockio
 import pytest
 from kvtiers.config import load_config
 from kvtiers.errors import ConfigError

@@ -7,17 +7,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import kvtiers_fs.blockio as blockio
+import kvtiers_fs.disk.blockio as blockio
 import pytest
 from kvtiers.contract.jobs import FailureReason
 from kvtiers.testing import random_keys
-from kvtiers_fs import layout
-from kvtiers_fs.blockio import ReadOutcome
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.blockio import ReadOutcome
 
 from tests.fs.helpers import BB, block_data, context, load_and_check, open_tier, store_keys
 
 pytestmark = pytest.mark.skipif(blockio._readmany is None or not layout.has_openat2(),
-                                reason="kvtiers_fs._readmany was not built, or no openat2")
+                                reason="kvtiers_fs.disk._readmany was not built, or no openat2")
 
 
 def _damage(tier: object, keys: list[bytes]) -> dict[bytes, str]:

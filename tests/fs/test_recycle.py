@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from kvtiers.contract.jobs import FailureReason
 from kvtiers.contract.keys import make_key
-from kvtiers_fs import layout
-from kvtiers_fs.blockio import ReadOutcome
-from kvtiers_fs.store import Verdict
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.blockio import ReadOutcome
+from kvtiers_fs.namespace.write_verdict import WriteVerdict
 
 from tests.fs.helpers import (
     FILE,
@@ -72,7 +72,7 @@ def test_an_aborted_recycled_store_leaves_no_file(tmp_path: Path) -> None:
         store = tier.stores[0]
         idn = layout.ident(make_key(os.urandom(32)))
         verdicts, evicted = store.reserve([(idn, FILE)])
-        assert verdicts == [Verdict.RECYCLED] and evicted == 1
+        assert verdicts == [WriteVerdict.RECYCLED] and evicted == 1
         shard = store.shard_fd(idn, create=False)
         try:
             tmp = layout.tmp_name(idn, store.writer)

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import kvtiers_fs.store as store_mod
+import kvtiers_fs.namespace.store as store_mod
 import pytest
 from kvtiers.contract.lookup import LookupResult
 from kvtiers.testing import random_keys, resolve_lookup
-from kvtiers_fs import layout
+from kvtiers_fs.disk import layout
 
 from tests.fs.child import die_half_way
 from tests.fs.helpers import context, disk_files, load_and_check, ns_dir, open_tier, store_keys

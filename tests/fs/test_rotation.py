@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import kvtiers_fs.store as store_mod
+import kvtiers_fs.namespace.store as store_mod
 import pytest
 from kvtiers.testing import random_keys, wait_until
-from kvtiers_fs import journal as jr
+from kvtiers_fs.journal import records as jr
 
 from tests.fs.child import die_while_rotating
 from tests.fs.helpers import (

@@ -16,13 +16,13 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
-import kvtiers_fs.store as store_mod
+import kvtiers_fs.namespace.store as store_mod
 import pytest
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.sdk import ErrorCounts
 from kvtiers.testing import make_namespace, random_keys
-from kvtiers_fs import layout
-from kvtiers_fs.store import RootStore
+from kvtiers_fs.disk import layout
+from kvtiers_fs.namespace.store import RootStore
 
 FILE = 8192
 _log = logging.getLogger("test")
@@ -123,15 +123,15 @@ def test_scheduler_calls_return_while_a_snapshot_is_being_written(
         idns = _commit(store, 200)
         monkeypatch.setattr(store_mod, "ROTATE_MIN_BYTES", 1)
         try:  # where the snapshot is written in pieces (this version)
-            from kvtiers_fs import generations
+            from kvtiers_fs.journal import files
 
-            real = generations.write_snapshot
+            real = files.write_snapshot
 
             def gated(*args: Any, **kw: Any) -> None:
                 gate()
                 real(*args, **kw)
 
-            monkeypatch.setattr(generations, "write_snapshot", gated)
+            monkeypatch.setattr(files, "write_snapshot", gated)
         except ImportError:
             pass
         gate.armed = True  # ... and the policy's export, for a version that uses it

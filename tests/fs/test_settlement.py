@@ -14,14 +14,14 @@ from pathlib import Path
 from kvtiers.policies.lru import LRUPolicy
 from kvtiers.sdk import ErrorCounts
 from kvtiers.testing import random_keys
-from kvtiers_fs import journal as jr
-from kvtiers_fs import layout
-from kvtiers_fs.blockdir import BlockDir
-from kvtiers_fs.blockio import BlockIO
-from kvtiers_fs.index import BlockIndex
-from kvtiers_fs.journal import Record
-from kvtiers_fs.recovery import Settlement
-from kvtiers_fs.writers import WriterRegistry
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.blockdir import BlockDir
+from kvtiers_fs.disk.blockio import BlockIO
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.journal.index import BlockIndex
+from kvtiers_fs.journal.records import Record
+from kvtiers_fs.journal.recovery import Settlement
+from kvtiers_fs.journal.writers import WriterRegistry
 
 NS = "c" * 32
 BB = 8192

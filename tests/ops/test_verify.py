@@ -157,7 +157,7 @@ def test_beside_a_live_writer_that_evicts_nothing_good_is_bad(
 def _flip(root: Path, key: bytes) -> bool:
     """Flip one bit of `key`'s block bytes in place, if its file is there now."""
     tier_ns = context(model="model-a").namespace.fingerprint
-    from kvtiers_fs import layout
+    from kvtiers_fs.disk import layout
 
     path = root / tier_ns / "blocks" / layout.block_relpath(layout.ident(key))
     try:

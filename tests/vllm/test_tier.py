@@ -313,7 +313,7 @@ def test_events_include_removals(make_engine: MakeEngine, tmp_path: Path) -> Non
 
 def harness_file_bytes() -> int:
     """Bytes the fs tier spends per block of the harness's chunk."""
-    layout = importlib.import_module("kvtiers_fs.layout")
+    layout = importlib.import_module("kvtiers_fs.disk.layout")
     return int(layout.file_bytes(CHUNK_BYTES))
 
 

@@ -6,8 +6,7 @@ class is named as a "module:Class" string and imported only when a config uses i
 
 from __future__ import annotations
 
-from kvtiers.plugins import TierRecord, hookimpl
-from kvtiers.sdk import CONTRACT_VERSION
+from kvtiers.plugins import CONTRACT_VERSION, TierRecord, hookimpl
 
 from kvtiers_fs.schema import FS_SCHEMA, VLLM_ALIASES
 

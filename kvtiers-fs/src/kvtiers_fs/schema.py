@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtiers.errors import ConfigError, ConfigNote, ConfigProblem
+from kvtiers.plugins import CAPACITY_BYTES, DRAFT, EVICTION_POLICY, THREADS
 from kvtiers.sdk import format_bytes
 
-from kvtiers_fs.namespaces import list_namespaces
+from kvtiers_fs.namespace.listing import list_namespaces
 
 try:  # kvtiers-core 0.2 says warnings apart from notes; an older core gets notes
     from kvtiers.errors import ConfigWarning
@@ -27,11 +28,8 @@ except ImportError:  # pragma: no cover - depends on the installed core
 
 DEFAULT_THREADS = {"load": 8, "store": 8}
 
-_THREADS = {
-    "type": "integer",
-    "minimum": 1,
-    "maximum": 256,
-}
+# the core's fragment, with the fs tier's own bound
+_THREADS = {**THREADS, "maximum": 256}
 
 _ABSOLUTE = {
     "type": "string",
@@ -43,7 +41,7 @@ _ABSOLUTE = {
 CAPACITY_SHARE = 0.9
 
 FS_SCHEMA: Mapping[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$schema": DRAFT,
     "title": "fs tier",
     "type": "object",
     "additionalProperties": False,
@@ -70,8 +68,7 @@ FS_SCHEMA: Mapping[str, Any] = {
             ),
         },
         "capacity_bytes": {
-            "type": "integer",
-            "minimum": 1,
+            **CAPACITY_BYTES,
             "x-kvtiers-derive": {
                 "function": "kvtiers_fs.schema:derive_capacity",
                 "rule": (
@@ -91,13 +88,7 @@ FS_SCHEMA: Mapping[str, Any] = {
                 "much."
             ),
         },
-        "eviction_policy": {
-            "type": "string",
-            "minLength": 1,
-            "x-kvtiers": "policy",
-            "default": "lru",
-            "description": "name of a registered eviction policy (see `kvtiers plugins`)",
-        },
+        "eviction_policy": {**EVICTION_POLICY},
         "threads": {
             "type": "object",
             "additionalProperties": False,

@@ -22,8 +22,9 @@ touch its slots afterwards. An item taken after its job's deadline fails with
 `timeout` without any I/O. Failures are per key, counted, logged once per kind; an
 exception never leaves the tier.
 
-Layout: `kvtiers_fs.layout`; index, capacity and crash recovery:
-`kvtiers_fs.store`.
+Layout and block files: `kvtiers_fs.disk`; the shared index (journal, snapshots,
+crash recovery): `kvtiers_fs.journal`; capacity across processes:
+`kvtiers_fs.namespace.store`; `kvtiers inspect` and `verify`: `kvtiers_fs.tools`.
 """
 
 from __future__ import annotations
@@ -59,18 +60,20 @@ from kvtiers.sdk import (
     resolve_options,
 )
 
-from kvtiers_fs import layout
-from kvtiers_fs.blockio import BlockIO, ReadOutcome, ReadResult, probe_o_direct
-from kvtiers_fs.layout import Ident
-from kvtiers_fs.namespaces import list_namespaces
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.blockio import BlockIO, ReadOutcome, ReadResult, probe_o_direct
+from kvtiers_fs.disk.layout import Ident
+from kvtiers_fs.namespace.listing import list_namespaces
+from kvtiers_fs.namespace.store import RootStore
+from kvtiers_fs.namespace.write_verdict import WriteVerdict
 from kvtiers_fs.schema import FS_SCHEMA, check_options, root_dirs
-from kvtiers_fs.store import RootStore, Verdict
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
-_WAIT_FAILURES = {Verdict.FULL: FailureReason.FULL, Verdict.TIMEOUT: FailureReason.TIMEOUT,
-                  Verdict.CLOSED: FailureReason.CLOSED}
+_WAIT_FAILURES = {WriteVerdict.FULL: FailureReason.FULL,
+                  WriteVerdict.TIMEOUT: FailureReason.TIMEOUT,
+                  WriteVerdict.CLOSED: FailureReason.CLOSED}
 
 
 def _store_failure(exc: OSError) -> FailureReason:
@@ -252,8 +255,8 @@ class FsTier(SecondaryTier):
     @classmethod
     def survey(cls, config: Mapping[str, Any], *, name: str = "",
                ages: bool = False) -> TierInventory:
-        """Every namespace under the roots, read-only (`kvtiers_fs.survey`)."""
-        from kvtiers_fs.survey import survey
+        """Every namespace under the roots, read-only (`kvtiers_fs.tools.survey`)."""
+        from kvtiers_fs.tools.survey import survey
 
         options = resolve_options(FS_SCHEMA, config, "fs")
         return TierInventory(name or "fs", tuple(survey(
@@ -261,8 +264,8 @@ class FsTier(SecondaryTier):
 
     def verify_blocks(self, *, repair: bool = False,
                       progress: Progress | None = None) -> list[VerifyReport]:
-        """Every block of this namespace, re-read and re-checked (`kvtiers_fs.verify`)."""
-        from kvtiers_fs.verify import verify_tier
+        """Every block of this namespace, re-read and re-checked (`kvtiers_fs.tools.verify`)."""
+        from kvtiers_fs.tools.verify import verify_tier
 
         return verify_tier(self.stores, self.ctx.name or "fs", self.file_bytes,
                            repair=repair, progress=progress)
@@ -300,15 +303,15 @@ class FsTier(SecondaryTier):
             if evicted:
                 self._stats.evicted(evicted)
             for (i, idn), verdict in zip(entries, verdicts, strict=True):
-                if verdict is Verdict.PRESENT:
+                if verdict is WriteVerdict.PRESENT:
                     job.succeed(i)
-                elif verdict is Verdict.FULL:
+                elif verdict is WriteVerdict.FULL:
                     job.fail(i, FailureReason.FULL)
-                elif verdict is Verdict.PENDING:  # another intent is writing it: wait
+                elif verdict is WriteVerdict.PENDING:  # another intent is writing it: wait
                     plan.waits[i] = (root, idn)
                     items.append(i)
                 else:
-                    plan.writes[i] = (root, idn, verdict is Verdict.RECYCLED)
+                    plan.writes[i] = (root, idn, verdict is WriteVerdict.RECYCLED)
                     items.append(i)
         # The engine puts them at the head of the queue: with many store jobs queued,
         # the reservations (one at a time, under the namespace lock) would otherwise
@@ -348,12 +351,12 @@ class FsTier(SecondaryTier):
         return deferred
 
     def _other_writer_ended(self, job: Job, i: int, deferred: Deferred,
-                            verdict: Verdict) -> None:
+                            verdict: WriteVerdict) -> None:
         """Wait thread (or close): the other intent on key `i`'s block has ended."""
-        if verdict is Verdict.PRESENT:
+        if verdict is WriteVerdict.PRESENT:
             deferred.succeed(0)  # another writer's complete copy: nothing moved
             return
-        if verdict not in (Verdict.GRANTED, Verdict.RECYCLED):
+        if verdict not in (WriteVerdict.GRANTED, WriteVerdict.RECYCLED):
             deferred.fail(_WAIT_FAILURES.get(verdict, FailureReason.IO))
             return
         # Reserved for this job now. The end hook commits or aborts it if it has not
@@ -362,7 +365,7 @@ class FsTier(SecondaryTier):
         root, idn = plan.waits[i]
         with plan.lock:
             if not plan.ended:
-                plan.writes[i] = (root, idn, verdict is Verdict.RECYCLED)
+                plan.writes[i] = (root, idn, verdict is WriteVerdict.RECYCLED)
         if i in plan.writes:
             deferred.resume()
             return

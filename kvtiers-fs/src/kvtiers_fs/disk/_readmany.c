@@ -1,4 +1,4 @@
-/* kvtiers_fs._readmany: open and read many block files in one call, without the GIL.
+/* kvtiers_fs.disk._readmany: open and read many block files in one call, without the GIL.
  *
  * read_files(dir_fd, paths, vecs, flags) -> list of (err, mode, size, nread, dev, ino)
  *

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable
 
 from kvtiers.sdk import BlockRecord, ErrorCounts
 
-from kvtiers_fs import layout
-from kvtiers_fs.blockio import verify_block_file
-from kvtiers_fs.layout import Ident
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.blockio import verify_block_file
+from kvtiers_fs.disk.layout import Ident
 from kvtiers_fs.pacing import CHUNK, pause
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import errno
+import importlib
 import mmap
 import os
 import stat
@@ -33,8 +34,8 @@ from typing import Any
 
 from kvtiers.sdk import checksum
 
-from kvtiers_fs import layout
-from kvtiers_fs.layout import ALIGN, HEADER_BYTES, HeaderError
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.layout import ALIGN, HEADER_BYTES, HeaderError
 
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _RENAME_NOREPLACE = 1
@@ -45,11 +46,10 @@ _AT_FDCWD = -100
 def _native() -> Any:
     """The optional native helper (setup.py): a batch of loads, one GIL release;
     None where it was not built (no C compiler found)."""
-    try:
-        from kvtiers_fs import _readmany as native
+    try:  # by name: a C module, which mypy cannot see (kvtiers-fs/setup.py builds it)
+        return importlib.import_module("kvtiers_fs.disk._readmany")
     except ImportError:  # pragma: no cover - not built
         return None
-    return native
 
 
 _readmany: Any = _native()

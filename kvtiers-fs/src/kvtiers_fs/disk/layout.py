@@ -7,7 +7,7 @@ Tree (one per root; directories 0700, files 0600)::
       <fingerprint>/                 one namespace (Namespace.fingerprint, 32 hex)
         NAMESPACE.json               model, revision, geometry: for `list_namespaces`
         lock                         flock(2) target: one writer of the journal at a time
-        snapshot.<gen>, journal.<gen>  the index (see journal.py and store.py)
+        snapshot.<gen>, journal.<gen>  the index (journal/records.py, namespace/store.py)
         writers/<id>                 held locked (flock) by each live writer process
         blocks/<xyz>/<ident>.kvb     one file per block, 4096 shards by a key hash
         blocks/<xyz>/.<ident>.<writer>.tmp   a block being written (then renamed)

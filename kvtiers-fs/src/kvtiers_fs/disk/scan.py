@@ -16,8 +16,8 @@ import os
 import stat
 from collections.abc import Callable
 
-from kvtiers_fs import layout
-from kvtiers_fs.layout import Ident
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.layout import Ident
 
 
 def scan_blocks(

@@ -1,9 +1,9 @@
 """The files of a namespace's index: `journal.<gen>` (the open `Journal` a process
 reads and appends) and `snapshot.<gen>` (written in pieces, read whole). Formats:
-journal.py.
+records.py.
 
 Damaged or foreign names and contents are never fatal here: a name that is not a
-canonical generation is not ours (`journal.generation_of`); a snapshot that fails
+canonical generation is not ours (`records.generation_of`); a snapshot that fails
 its checks raises ValueError for the caller to rebuild from; removing old
 generations skips what it cannot remove (a planted directory) and says so once.
 """
@@ -18,10 +18,10 @@ from collections.abc import Iterable, Iterator
 import xxhash
 from kvtiers.sdk import ErrorCounts
 
-from kvtiers_fs import journal as jr
-from kvtiers_fs import layout
-from kvtiers_fs.journal import Record, Snapshot
-from kvtiers_fs.layout import Ident
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.layout import Ident
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.journal.records import Record, Snapshot
 from kvtiers_fs.pacing import CHUNK, pause
 
 
@@ -55,7 +55,7 @@ class Journal:
         return True
 
     def read(self) -> jr.Tail:
-        """The next piece of complete frames (`journal.READ_CHUNK_BYTES`)."""
+        """The next piece of complete frames (`records.READ_CHUNK_BYTES`)."""
         return jr.read_frames(self.fd, self.offset, jr.READ_CHUNK_BYTES)
 
     def size(self) -> int:

@@ -33,9 +33,9 @@ from itertools import islice
 
 from kvtiers.sdk import BoundedIndex, EvictionPolicy, Pins
 
-from kvtiers_fs import journal as jr
-from kvtiers_fs.journal import Record
-from kvtiers_fs.layout import Ident
+from kvtiers_fs.disk.layout import Ident
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.journal.records import Record
 from kvtiers_fs.pacing import CHUNK, chunks, pause
 
 #: touches remembered for the journal between flushes (older ones are dropped)
@@ -225,7 +225,7 @@ class BlockIndex:
 
     def install(self, records: Iterable[tuple[int, int, int, int, bytes]], *,
                 report: bool) -> None:
-        """Make the index a snapshot's records (`journal.raw_records`): read in pieces,
+        """Make the index a snapshot's records (`records.raw_records`): read in pieces,
         then blocks the snapshot lacks removed, its new ones adopted in its order
         (oldest first), blocks in both kept as they are - pins included. With
         `report`, the blocks removed count as removed."""

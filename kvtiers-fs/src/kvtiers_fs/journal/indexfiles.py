@@ -7,7 +7,7 @@ two halves of writing the next snapshot (`RootStore` holds the locks).
 
 Its owner (`RootStore`) calls it holding its journal mutex; with `locked` /
 `have_lock`, also the namespace lock (`flock`, passed in, is how it takes that
-lock itself when it must). Formats: journal.py; files: generations.py.
+lock itself when it must). Formats: records.py; files: files.py.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from contextlib import AbstractContextManager, contextmanager
 
 from kvtiers.sdk import ErrorCounts
 
-from kvtiers_fs import generations as gens
-from kvtiers_fs import journal as jr
-from kvtiers_fs import layout
-from kvtiers_fs.generations import Journal
-from kvtiers_fs.index import BlockIndex
-from kvtiers_fs.journal import Record
+from kvtiers_fs.disk import layout
+from kvtiers_fs.journal import files
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.journal.files import Journal
+from kvtiers_fs.journal.index import BlockIndex
+from kvtiers_fs.journal.records import Record
+from kvtiers_fs.journal.recovery import rebuild_records
+from kvtiers_fs.journal.writers import WriterRegistry
 from kvtiers_fs.pacing import CHUNK, pause
-from kvtiers_fs.recovery import rebuild_records
-from kvtiers_fs.writers import WriterRegistry
 
 
 class IndexFiles:
@@ -91,7 +91,7 @@ class IndexFiles:
             if locked:
                 if tail.torn:
                     self.journal.cut()  # a dead writer's torn append
-                if gens.exists(self.ns_fd, jr.snapshot_name(self.journal.gen + 1)):
+                if files.exists(self.ns_fd, jr.snapshot_name(self.journal.gen + 1)):
                     restarts += 1
                     if restarts > 100:
                         raise OSError(errno.EIO, "the journal keeps changing under us")
@@ -105,13 +105,13 @@ class IndexFiles:
         anything else (a rebuild's snapshot) is reloaded."""
         new = self.journal.gen + 1
         try:
-            head = gens.read_snapshot(self.ns_fd, new)
+            head = files.read_snapshot(self.ns_fd, new)
         except (OSError, ValueError):
             head = None
         if head is not None and head.base_gen == self.journal.gen \
                 and head.base_offset <= self.journal.offset:
-            if not gens.exists(self.ns_fd, jr.journal_name(new)):
-                gens.create_journal(self.ns_fd, new)
+            if not files.exists(self.ns_fd, jr.journal_name(new)):
+                files.create_journal(self.ns_fd, new)
             self.journal.append([Record(jr.ROTATE, self.writer, new, b"")])
             if self.journal.follow(new):
                 return
@@ -121,19 +121,19 @@ class IndexFiles:
         """Replace the in-memory index by the newest snapshot plus its journal."""
         self.reloads += 1
         for _ in range(20):
-            gen, _highest = gens.generations(self.ns_fd)
+            gen, _highest = files.generations(self.ns_fd)
             if gen is None:
                 with self._maybe_flock(have_lock):
-                    if gens.generations(self.ns_fd)[0] is None:
+                    if files.generations(self.ns_fd)[0] is None:
                         self.rebuild(first=True)
                         return
                 continue
             try:
-                snap = gens.read_snapshot(self.ns_fd, gen)
+                snap = files.read_snapshot(self.ns_fd, gen)
                 jfd = layout.open_file(jr.journal_name(snap.base_gen), self.ns_fd, os.O_RDWR)
             except FileNotFoundError:
                 with self._maybe_flock(have_lock):
-                    if gens.generations(self.ns_fd)[0] == gen:
+                    if files.generations(self.ns_fd)[0] == gen:
                         self.rebuild()  # a generation without its journal
                         return
                 continue
@@ -141,7 +141,7 @@ class IndexFiles:
                 self._log.error("kvtiers-fs %s: %s is unusable (%s); rebuilding the index "
                                 "from the block files", self.root, jr.snapshot_name(gen), exc)
                 with self._maybe_flock(have_lock):
-                    if gens.generations(self.ns_fd)[0] == gen:
+                    if files.generations(self.ns_fd)[0] == gen:
                         self.rebuild()
                         return
                 continue
@@ -171,10 +171,10 @@ class IndexFiles:
         start a new generation (lock held)."""
         own = {i: p for i, p in self.index.pending.items() if p[0] == self.writer}
         recs, blocks, nbytes = rebuild_records(self.blocks_fd, self.writers, own)
-        _, highest = gens.generations(self.ns_fd)
+        _, highest = files.generations(self.ns_fd)
         gen = max(highest, self.journal.gen) + 1
-        gens.create_journal(self.ns_fd, gen)
-        tmp = gens.snapshot_tmp_name(gen, self.writer)
+        files.create_journal(self.ns_fd, gen)
+        tmp = files.snapshot_tmp_name(gen, self.writer)
         layout.unlink_quiet(tmp, self.ns_fd)
         data = jr.pack_snapshot(gen, recs, blocks, nbytes)
         layout.write_small_file(jr.snapshot_name(gen), self.ns_fd, data, durable=self.durable)
@@ -191,21 +191,21 @@ class IndexFiles:
                               blocks)
 
     def remove_old(self, gen: int) -> None:
-        dead = [w for w in gens.snapshot_tmp_writers(self.ns_fd) if self.writers.is_dead(w)]
-        gens.remove_old(self.ns_fd, gen, dead, self._errors)
+        dead = [w for w in files.snapshot_tmp_writers(self.ns_fd) if self.writers.is_dead(w)]
+        files.remove_old(self.ns_fd, gen, dead, self._errors)
 
     def write_next_snapshot(self) -> tuple[str, int, int]:
         """Write snapshot.<g+1> of the index as of the current offset X of
         journal.<g>, under a temporary name (holding the journal mutex, not the
         namespace lock). Returns (temporary name, g, X)."""
         jgen, offset = self.journal.gen, self.journal.offset
-        tmp = gens.snapshot_tmp_name(jgen + 1, self.writer)
+        tmp = files.snapshot_tmp_name(jgen + 1, self.writer)
         layout.unlink_quiet(tmp, self.ns_fd)
         index = self.index
         pending, lastdel = index.pending_items(), index.last_delete_items()
         blocks, nbytes = index.blocks, index.committed_bytes()
         with contextlib.closing(index.entries()) as entries:  # it holds the index's lock
-            gens.write_snapshot(self.ns_fd, tmp, jgen + 1, entries, pending, lastdel,
+            files.write_snapshot(self.ns_fd, tmp, jgen + 1, entries, pending, lastdel,
                                 blocks=blocks, nbytes=nbytes, base_gen=jgen,
                                 base_offset=offset, durable=self.durable)
         return tmp, jgen, offset
@@ -215,11 +215,11 @@ class IndexFiles:
         create journal.<g+1>, append ROTATE and follow it. False (and `tmp` removed)
         if someone else rotated or rebuilt meanwhile."""
         new = jgen + 1
-        if self.journal.gen != jgen or gens.exists(self.ns_fd, jr.snapshot_name(new)):
+        if self.journal.gen != jgen or files.exists(self.ns_fd, jr.snapshot_name(new)):
             layout.unlink_quiet(tmp, self.ns_fd)
             return False
         try:
-            gens.create_journal(self.ns_fd, new)
+            files.create_journal(self.ns_fd, new)
             os.rename(tmp, jr.snapshot_name(new), src_dir_fd=self.ns_fd, dst_dir_fd=self.ns_fd)
         except OSError:
             layout.unlink_quiet(tmp, self.ns_fd)

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import xxhash
 
-from kvtiers_fs.layout import MAX_INLINE_IDENT, Ident
+from kvtiers_fs.disk.layout import MAX_INLINE_IDENT, Ident
 from kvtiers_fs.pacing import CHUNK, digest_paced, pause
 
 # Ops. ADD/COMMIT/ABORT: a writer's intent to write a block, then its outcome.

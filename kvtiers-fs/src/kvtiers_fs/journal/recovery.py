@@ -32,13 +32,13 @@ from collections.abc import Callable
 
 from kvtiers.sdk import ErrorCounts
 
-from kvtiers_fs import journal as jr
-from kvtiers_fs.blockdir import BlockDir
-from kvtiers_fs.index import BlockIndex
-from kvtiers_fs.journal import Record
-from kvtiers_fs.layout import Ident
-from kvtiers_fs.scan import scan_blocks
-from kvtiers_fs.writers import WriterRegistry
+from kvtiers_fs.disk.blockdir import BlockDir
+from kvtiers_fs.disk.layout import Ident
+from kvtiers_fs.disk.scan import scan_blocks
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.journal.index import BlockIndex
+from kvtiers_fs.journal.records import Record
+from kvtiers_fs.journal.writers import WriterRegistry
 
 #: real seconds between looks for dead writers that left state behind
 RECONCILE_EVERY_S = 2.0

@@ -18,7 +18,7 @@ import os
 import stat
 import time
 
-from kvtiers_fs import layout
+from kvtiers_fs.disk import layout
 
 #: a lock file never renamed into place is a writer that died while opening, once
 #: it is this old (seconds)

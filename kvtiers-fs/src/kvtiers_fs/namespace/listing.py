@@ -20,8 +20,8 @@ from typing import Any
 
 from kvtiers.sdk import Namespace
 
-from kvtiers_fs import journal as jr
-from kvtiers_fs import layout
+from kvtiers_fs.disk import layout
+from kvtiers_fs.journal import records as jr
 
 _log = logging.getLogger("kvtiers.fs")
 NAMESPACE_FILE = "NAMESPACE.json"

@@ -7,7 +7,7 @@ Every process that opens the namespace keeps the whole index in memory
 (`BlockIndex`: committed blocks with their file sizes - in the core's
 `kvtiers.sdk.BoundedIndex`, which owns the policy, the pin counts and the capacity
 bound - plus pending intents) and
-keeps it current by reading one shared, append-only journal (journal.py). Usage is
+keeps it current by reading one shared, append-only journal (`journal.records`). Usage is
 a fold of that journal: committed bytes plus bytes of pending intents, whoever
 wrote them. Changes are appended under an exclusive flock(2) of `<ns>/lock`, and a
 writer always reads the journal to its end before it decides anything, so every
@@ -31,7 +31,7 @@ most one intent at a time.
 
 Crashes: a writer that dies (kill -9, at any instant) leaves at most its
 uncommitted intents and its last frame's unlinks; the next lock holder settles
-them (`recovery.Settlement`). After that, usage is exactly the bytes of the
+them (`journal.recovery.Settlement`). After that, usage is exactly the bytes of the
 complete block files on disk.
 
 Restart. `snapshot.<g>` holds the index (blocks least recently used first, so
@@ -73,33 +73,32 @@ from contextlib import contextmanager
 
 from kvtiers.sdk import Clock, ErrorCounts, EvictionPolicy, Namespace, NamespaceInventory, Pins
 
-from kvtiers_fs import journal as jr
-from kvtiers_fs import layout
-from kvtiers_fs.blockdir import BlockDir
-from kvtiers_fs.generations import Journal
-from kvtiers_fs.index import BlockIndex
-from kvtiers_fs.indexfiles import IndexFiles
-from kvtiers_fs.journal import Record
-from kvtiers_fs.layout import Ident
-from kvtiers_fs.namespaces import write_namespace_file
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.blockdir import BlockDir
+from kvtiers_fs.disk.layout import Ident
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.journal.files import Journal
+from kvtiers_fs.journal.index import BlockIndex
+from kvtiers_fs.journal.indexfiles import IndexFiles
+from kvtiers_fs.journal.records import Record
+from kvtiers_fs.journal.recovery import Settlement
+from kvtiers_fs.journal.writers import WriterRegistry, new_writer_id
+from kvtiers_fs.namespace.listing import write_namespace_file
+from kvtiers_fs.namespace.waits import ABSENT, COMMITTED, PENDING, IntentWaits
+from kvtiers_fs.namespace.write_verdict import WriteVerdict
 from kvtiers_fs.pacing import CHUNK
-from kvtiers_fs.recovery import Settlement
-from kvtiers_fs.verdict import Verdict
-from kvtiers_fs.waits import ABSENT, COMMITTED, PENDING, IntentWaits
-from kvtiers_fs.writers import WriterRegistry, new_writer_id
 
 #: rotate the journal once it is larger than this and ROTATE_FACTOR times the snapshot
 ROTATE_MIN_BYTES = 16 << 20
 ROTATE_FACTOR = 2
 #: ... and at a clean close once it is larger than this (and twice the snapshot)
 CLOSE_ROTATE_BYTES = 1 << 20
-NAMESPACE_FILE = "NAMESPACE.json"
 #: errors of a load that say nothing about the block (the process is short of
 #: something): the block stays indexed
 _TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN,
                         errno.EINTR, errno.ENOBUFS})
 
-__all__ = ["RootStore", "Verdict", "new_writer_id"]
+__all__ = ["RootStore"]
 
 
 class RootStore:
@@ -249,7 +248,7 @@ class RootStore:
                 self._settlement.settle_writer(writer)
 
     def await_intent(self, idn: Ident, size: int, deadline: float | None, clock: Clock,
-                     done: Callable[[Verdict], None]) -> None:
+                     done: Callable[[WriteVerdict], None]) -> None:
         """For a `PENDING` verdict: call `done` once the other intent on `idn` has
         ended - `PRESENT` (committed), `GRANTED`/`RECYCLED` (reserved for the
         caller now: write, then commit or abort as usual), `FULL`, `TIMEOUT`
@@ -257,7 +256,7 @@ class RootStore:
         self.waited += 1
         self._waits.add(idn, size, deadline, clock, done)
 
-    def reserve(self, items: list[tuple[Ident, int]]) -> tuple[list[Verdict], int]:
+    def reserve(self, items: list[tuple[Ident, int]]) -> tuple[list[WriteVerdict], int]:
         """Reserve room for blocks (ident, file bytes); see the module doc. Returns a
         verdict per item and the number of blocks evicted to make room. Raises
         OSError when the journal cannot be appended (nothing reserved then)."""
@@ -271,10 +270,10 @@ class RootStore:
             with index.pin(present):
                 return self._reserve_locked(items)
 
-    def _reserve_locked(self, items: list[tuple[Ident, int]]) -> tuple[list[Verdict], int]:
+    def _reserve_locked(self, items: list[tuple[Ident, int]]) -> tuple[list[WriteVerdict], int]:
         """`reserve` under the namespace lock, with the job's present blocks pinned."""
         index = self.index
-        verdicts: list[Verdict] = []
+        verdicts: list[WriteVerdict] = []
         victims: list[tuple[Ident, int]] = []
         adds: list[tuple[Ident, int]] = []
         reuse: dict[Ident, tuple[Ident, int]] = {}  # granted -> a victim, its size
@@ -282,15 +281,15 @@ class RootStore:
         extra, full = 0, False
         for idn, size in items:
             if index.contains(idn):
-                verdicts.append(Verdict.PRESENT)
+                verdicts.append(WriteVerdict.PRESENT)
                 continue
             if idn in index.pending or idn in seen:
-                verdicts.append(Verdict.PENDING)
+                verdicts.append(WriteVerdict.PENDING)
                 continue
             got = None if full else index.make_room(size)  # counted now, if it fits
             if got is None:
                 full = True  # a prefix: the job's later blocks would not fit either
-                verdicts.append(Verdict.FULL)
+                verdicts.append(WriteVerdict.FULL)
                 continue
             if got and got[0][1] == size:
                 reuse[idn] = got[0]
@@ -298,7 +297,7 @@ class RootStore:
             extra += size
             adds.append((idn, size))
             seen.add(idn)
-            verdicts.append(Verdict.GRANTED)
+            verdicts.append(WriteVerdict.GRANTED)
         if not adds and not victims:
             return verdicts, 0
         records = [Record(jr.REMOVE, self.writer, s, i) for i, s in victims]
@@ -317,7 +316,7 @@ class RootStore:
                     if self.blocks.recycle(v, idn, size, self.writer)}
         taken = {reuse[idn][0] for idn in recycled}
         self.blocks.unlink_blocks([i for i, _ in victims if i not in taken])
-        verdicts = [Verdict.RECYCLED if v is Verdict.GRANTED and idn in recycled else v
+        verdicts = [WriteVerdict.RECYCLED if v is WriteVerdict.GRANTED and idn in recycled else v
                     for (idn, _), v in zip(items, verdicts, strict=True)]
         self.evictions += len(victims)
         self.recycled += len(taken)

@@ -32,8 +32,8 @@ from typing import Protocol
 
 from kvtiers.sdk import Clock
 
-from kvtiers_fs.layout import Ident
-from kvtiers_fs.verdict import Verdict
+from kvtiers_fs.disk.layout import Ident
+from kvtiers_fs.namespace.write_verdict import WriteVerdict
 
 #: seconds between looks at the journal while waits exist (doubling up to MAX_POLL_S)
 POLL_S = 0.001
@@ -55,7 +55,7 @@ class WaitHost(Protocol):
 
     def intent_state(self, idn: Ident) -> tuple[str, int]: ...
 
-    def reserve(self, items: list[tuple[Ident, int]]) -> tuple[list[Verdict], int]: ...
+    def reserve(self, items: list[tuple[Ident, int]]) -> tuple[list[WriteVerdict], int]: ...
 
     def settle_if_dead(self, writer: int) -> None: ...
 
@@ -64,7 +64,7 @@ class _Wait:
     __slots__ = ("idn", "size", "deadline", "clock", "done", "started", "state")
 
     def __init__(self, idn: Ident, size: int, deadline: float | None, clock: Clock,
-                 done: Callable[[Verdict], None]):
+                 done: Callable[[WriteVerdict], None]):
         self.idn, self.size, self.deadline, self.clock, self.done = (
             idn, size, deadline, clock, done)
         self.started = time.monotonic()
@@ -88,7 +88,7 @@ class IntentWaits:
         self._dead_checked: dict[int, float] = {}
 
     def add(self, idn: Ident, size: int, deadline: float | None, clock: Clock,
-            done: Callable[[Verdict], None]) -> None:
+            done: Callable[[WriteVerdict], None]) -> None:
         """Wait for the intent pending on `idn` to end (see the module doc). Never
         blocks; `done` may be called before this returns (from the wait thread)."""
         wait = _Wait(idn, size, deadline, clock, done)
@@ -101,7 +101,7 @@ class IntentWaits:
                     self._thread.start()
                 self._cv.notify()
                 return
-        self._fire(wait, Verdict.CLOSED)
+        self._fire(wait, WriteVerdict.CLOSED)
 
     def __len__(self) -> int:
         with self._cv:
@@ -125,9 +125,9 @@ class IntentWaits:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         for wait in waits:
-            self._fire(wait, Verdict.CLOSED)
+            self._fire(wait, WriteVerdict.CLOSED)
 
-    def _fire(self, wait: _Wait, verdict: Verdict, *, claimed: bool = False) -> None:
+    def _fire(self, wait: _Wait, verdict: WriteVerdict, *, claimed: bool = False) -> None:
         with self._cv:
             if wait.state == "done" or (wait.state == "busy" and not claimed):
                 return
@@ -164,15 +164,15 @@ class IntentWaits:
                     self._check(wait)
                 except Exception as exc:  # noqa: BLE001 - a bug ends the wait, not the thread
                     self._errors("wait", exc)
-                    self._fire(wait, Verdict.ERROR)
+                    self._fire(wait, WriteVerdict.ERROR)
 
     def _check(self, wait: _Wait) -> None:
         state, writer = self._host.intent_state(wait.idn)
         if state == COMMITTED:
-            self._fire(wait, Verdict.PRESENT)
+            self._fire(wait, WriteVerdict.PRESENT)
             return
         if wait.expired():
-            self._fire(wait, Verdict.TIMEOUT)
+            self._fire(wait, WriteVerdict.TIMEOUT)
             return
         if state == PENDING:
             if writer != self._host.writer:
@@ -191,11 +191,11 @@ class IntentWaits:
             verdict = self._host.reserve([(wait.idn, wait.size)])[0][0]
         except OSError as exc:
             self._errors("wait", exc)
-            verdict = Verdict.ERROR
-        if verdict is Verdict.PENDING:
+            verdict = WriteVerdict.ERROR
+        if verdict is WriteVerdict.PENDING:
             with self._cv:
                 if not self._closed:
                     wait.state = "waiting"  # a third writer took it: keep waiting
                     return
-            verdict = Verdict.CLOSED
+            verdict = WriteVerdict.CLOSED
         self._fire(wait, verdict, claimed=True)

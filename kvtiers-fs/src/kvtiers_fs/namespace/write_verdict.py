@@ -1,4 +1,4 @@
-"""`Verdict`: what a store job learns about each of its blocks from the namespace
+"""`WriteVerdict`: what a store job learns about each of its blocks from the namespace
 index, at reservation time or when it stops waiting for another writer."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 
 
-class Verdict(enum.Enum):
+class WriteVerdict(enum.Enum):
     GRANTED = "granted"  # reserved: write the block, then commit or abort it
     # granted, and an evicted block's file waits at the temporary name: overwrite it
     RECYCLED = "recycled"

@@ -24,12 +24,12 @@ from typing import Any
 
 from kvtiers.sdk import BlockRecord, ErrorCounts, NamespaceInventory
 
-from kvtiers_fs import journal as jr
-from kvtiers_fs import layout
-from kvtiers_fs.blockdir import BlockDir
-from kvtiers_fs.generations import generations, read_snapshot
-from kvtiers_fs.layout import Ident
-from kvtiers_fs.namespaces import NAMESPACE_FILE
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.blockdir import BlockDir
+from kvtiers_fs.disk.layout import Ident
+from kvtiers_fs.journal import records as jr
+from kvtiers_fs.journal.files import generations, read_snapshot
+from kvtiers_fs.namespace.listing import NAMESPACE_FILE
 
 _log = logging.getLogger("kvtiers.fs.survey")
 #: how many times a read that a concurrent rotation overtook starts again

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 
 from kvtiers.sdk import BadBlock, BlockKey, NamespaceInventory, Progress, VerifyReport, checksum
 
-from kvtiers_fs import layout
-from kvtiers_fs.layout import HEADER_BYTES, HeaderError, Ident
-from kvtiers_fs.store import RootStore
+from kvtiers_fs.disk import layout
+from kvtiers_fs.disk.layout import HEADER_BYTES, HeaderError, Ident
+from kvtiers_fs.namespace.store import RootStore
 
 
 class _Checked:
