@@ -20,7 +20,7 @@ and its `view`), `prefix_block_hashes`, and the worker side's `DeviceSwapper` an
 `KVLayout` (those two need torch when built, not when imported).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvtiers.contract import (
     CONTRACT_VERSION,
@@ -41,6 +41,7 @@ from kvtiers.contract import (
     make_key,
 )
 from kvtiers.errors import ConfigError, KvtiersError, MissingExtraError, PluginError
+from kvtiers.lazy import lazy_names
 
 if TYPE_CHECKING:
     from kvtiers.config.loader import load_config
@@ -65,16 +66,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvtiers' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "CONTRACT_VERSION",

@@ -12,7 +12,7 @@ and should not pay for jsonschema (~90 ms) to get a dataclass.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvtiers.config.model import (
     BreakerConfig,
@@ -22,6 +22,7 @@ from kvtiers.config.model import (
     WritePolicy,
 )
 from kvtiers.config.schema import CORE_SCHEMA
+from kvtiers.lazy import lazy_names
 
 if TYPE_CHECKING:
     from kvtiers.config.loader import load_config
@@ -37,9 +38,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "load_config":
-        from kvtiers.config.loader import load_config
-
-        return load_config
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, {"load_config": "kvtiers.config.loader"})

@@ -16,8 +16,9 @@ for the manager or for prometheus_client.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kvtiers.lazy import lazy_names
 from kvtiers.metrics.recorder import HistogramValue, MetricsRecorder
 
 if TYPE_CHECKING:
@@ -51,12 +52,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvtiers.metrics' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -15,7 +15,9 @@ Names are imported on first use: a command pays only for what it runs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kvtiers.lazy import lazy_names
 
 if TYPE_CHECKING:
     from kvtiers.ops.pool_snapshot import load_pool, save_pool
@@ -56,12 +58,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvtiers.ops' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)

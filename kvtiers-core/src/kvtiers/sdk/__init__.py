@@ -40,7 +40,7 @@ first use, so a tier on threads does not pay for asyncio.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvtiers.admission.base import AdmissionPolicy
 from kvtiers.config.options import resolve_options
@@ -86,6 +86,7 @@ from kvtiers.contract import (
 )
 from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.humanize import format_bytes
+from kvtiers.lazy import lazy_names
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind, Task
 from kvtiers.sdk.engine import BATCH_BYTES, BatchFn, BlockFn, JobEngine, JobHooks
 from kvtiers.sdk.error_counts import ErrorCounts, errno_name, type_name
@@ -199,9 +200,4 @@ __all__ = [
 _AIO = {"AsyncBatchFn", "AsyncBlockFn", "AsyncJobEngine", "AsyncJobHooks", "run_off_loop"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _AIO:
-        from kvtiers.sdk import aio
-
-        return getattr(aio, name)
-    raise AttributeError(f"module 'kvtiers.sdk' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, dict.fromkeys(_AIO, "kvtiers.sdk.aio"))

@@ -13,7 +13,9 @@ The tier classes are imported on first use: registering the built-ins (every
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kvtiers.lazy import lazy_names
 
 if TYPE_CHECKING:
     from kvtiers.tiers.faulty import FaultyTier
@@ -27,9 +29,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kvtiers.tiers' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
