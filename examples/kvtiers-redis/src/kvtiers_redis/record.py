@@ -8,10 +8,10 @@ the wrong key, the wrong model or damaged - whoever wrote it. Little-endian::
     10  2   header length: 70 + key length (where the block bytes start)
     12  32  namespace fingerprint (32 lowercase hex digits, `Namespace.fingerprint`)
     44  8   block length
-    52  8   block checksum (`kvtiers.sdk.integrity.checksum`, xxh3-64)
+    52  8   block checksum (`kvtiers.sdk.checksum`, xxh3-64)
     60  2   key length
     62  k   the key
-    62+k 8  header checksum: `kvtiers.sdk.integrity.checksum` of bytes [0, 62 + k)
+    62+k 8  header checksum: `kvtiers.sdk.checksum` of bytes [0, 62 + k)
 
 `check_header` classifies any bytes, however short or mangled, and never raises:
 FOREIGN (not this format: another program's value, left alone), NAMESPACE

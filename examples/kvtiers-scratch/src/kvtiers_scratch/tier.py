@@ -11,7 +11,7 @@ The minimal tier of docs/plugins.md. The hard parts come from the core's SDK:
 
 The scheduler thread only touches memory (the index, the engine's queues); every
 file operation runs on the engine's threads. Each file is the block's checksum
-(`kvtiers.sdk.integrity`) followed by its bytes; a load verifies the bytes it placed in
+(`kvtiers.sdk.checksum_bytes`) followed by its bytes; a load verifies the bytes it placed in
 the slot, and a bad copy is reported `corrupt` and deleted.
 
 Not persistent: the tier deletes its block files (`*.kv`) when it opens - what a

@@ -8,7 +8,7 @@ contract shows up once, and the hard parts come from the core's SDK:
   All SQLite work runs on the engine's one thread.
 - The engine reports each job exactly once, after its last block, with `timeout`,
   `closed` and `io` (an exception) handled for us. Failures are per key.
-- Each block is stored with its `kvtiers.sdk.integrity` checksum and verified in the slot
+- Each block is stored with its `kvtiers.sdk` checksum and verified in the slot
   on load; a bad copy is reported `corrupt` and deleted.
 - The file holds at most `capacity_bytes` of blocks: the index reserves room for a
   store before it writes, evicting least recently used rows, never a row being loaded
@@ -53,7 +53,7 @@ CREATE TABLE IF NOT EXISTS blocks (
     namespace TEXT NOT NULL,     -- Namespace.fingerprint of the model the block belongs to
     key BLOB NOT NULL,
     data BLOB NOT NULL,
-    checksum BLOB NOT NULL,      -- kvtiers.sdk.integrity.checksum_bytes(data)
+    checksum BLOB NOT NULL,      -- kvtiers.sdk.checksum_bytes(data)
     last_used INTEGER NOT NULL,  -- recency tick, file-wide; smallest is evicted first
     PRIMARY KEY (namespace, key)
 );
