@@ -100,9 +100,12 @@ def test_the_bound_holds_once_each_engine_has_listed_the_others(
             return sum(size for name, size in listed(seaweedfs, prefix).items()
                        if "/b/" in name)
 
-        # The next listing counts the other engine's blocks and evicts down to the bound.
+        # The next listing counts the other engine's blocks and deletes down to the
+        # bound: 16 blocks were stored, at most 8 may stay, and only this tier is left
+        # to delete them. How many count as evictions depends on when the listing
+        # lands: one that adopts the other's blocks while this store's reservations
+        # fill the bound deletes them as "does not fit", not as evictions.
         wait_until(lambda: blocks_stored() <= capacity, "the bound restored", TIMEOUT)
         assert tier.stats().usage_bytes <= capacity
-        assert tier.stats().evictions >= 8
     finally:
         tier.close()
