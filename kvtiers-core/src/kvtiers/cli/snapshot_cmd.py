@@ -1,4 +1,4 @@
-"""`kvtiers snapshot save CONFIG URL [--tier NAME] [--hottest N]` and
+"""`kvtiers snapshot save CONFIG URL [--tier NAME] [--hottest N] [--overwrite]` and
 `kvtiers snapshot load CONFIG URL [--tier NAME]`: a persistent tier's blocks to and
 from a zarr v3 store on any fsspec URL (`kvtiers.ops.snapshot_store`), to pre-warm
 a new deployment with a known cache (a system prompt's, say).
@@ -10,6 +10,13 @@ most recently used); a snapshot of another model than the config's is refused,
 naming both. Exit 0; 1 when blocks failed (bad bytes in the snapshot, a tier that
 refused them); 2 config or usage errors (printed by `kvtiers.cli.main`). Needs
 zarr: `kvtiers-core[snapshot]`.
+
+save writes a new snapshot beside URL and swaps it in only once complete, so a
+failure leaves what was there as it was. URL must be absent, an empty directory,
+or - with `--overwrite` - a kvtiers snapshot; a path that holds anything else (a
+file, a link, a directory of other files, a snapshot with files kvtiers did not
+write) is refused, exit 2, `--overwrite` or not (`kvtiers.ops.snapshot_target`).
+A `file://` URL is the same as the plain path.
 
 Remote stores take fsspec's storage options: `--storage-option KEY=VALUE`
 (repeatable; VALUE read as JSON when it parses, else a string), or, for
@@ -63,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--hottest", type=int, metavar="N",
                            help="only the N hottest blocks (most recently used where the "
                            "tier knows, else newest)")
+            p.add_argument("--overwrite", action="store_true",
+                           help="replace a kvtiers snapshot already at URL (only once the "
+                           "new one is complete); a path holding anything else is refused "
+                           "with or without it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,6 +115,10 @@ def _run(args: argparse.Namespace, config: Any, target: Any,
     if args.action == "save":
         if args.hottest is not None and args.hottest < 1:
             raise KvtiersError("--hottest must be at least 1")
+        from kvtiers.ops.snapshot_target import check_target
+
+        # before any work; checked again by the writer, just before the swap
+        check_target(args.url, options, overwrite=args.overwrite, flag="--overwrite")
         candidates = [ns for ns in survey(target, ages=False)
                       if config.model is None or ns.model == config.model]
         fps = sorted({ns.namespace for ns in candidates})
@@ -117,7 +132,8 @@ def _run(args: argparse.Namespace, config: Any, target: Any,
         if namespace is None:
             raise KvtiersError(f"namespace {fps[0]}: its description is unreadable")
         with open_namespace(target, namespace, slots=BATCH) as tier:
-            result = save_tier(tier, args.url, hottest=args.hottest, storage_options=options)
+            result = save_tier(tier, args.url, hottest=args.hottest, storage_options=options,
+                               overwrite=args.overwrite)
     else:
         reader = SnapshotReader(args.url, storage_options=options)
         namespace = reader.namespace

@@ -8,6 +8,9 @@
   fsspec URL (`SnapshotReader`, `save_tier`, `load_tier`; needs zarr:
   `kvtiers-core[snapshot]`, checked by `require_zarr`);
 - `pool_snapshot`: the same for a running CPU pool (`save_pool`, `load_pool`);
+- `snapshot_target`: where a snapshot may be saved (`check_snapshot_target`: absent,
+  empty, or a kvtiers snapshot to replace by request; never a user's other files)
+  and how a new one replaces an old one only once complete;
 - `storage_options`: fsspec storage options from `KEY=VALUE` strings.
 
 Names are imported on first use: a command pays only for what it runs.
@@ -28,17 +31,25 @@ if TYPE_CHECKING:
         SnapshotWriter,
         require_zarr,
     )
+    from kvtiers.ops.snapshot_target import (
+        SnapshotTargetError,
+        check_snapshot_target,
+        same_place,
+    )
     from kvtiers.ops.storage_options import parse_storage_options
 
 __all__ = [
     "SnapshotError",
     "SnapshotReader",
     "SnapshotResult",
+    "SnapshotTargetError",
     "SnapshotWriter",
+    "check_snapshot_target",
     "load_pool",
     "load_tier",
     "parse_storage_options",
     "require_zarr",
+    "same_place",
     "save_pool",
     "save_tier",
 ]
@@ -54,6 +65,9 @@ _LAZY = {
     "SnapshotReader": "kvtiers.ops.snapshot_store",
     "SnapshotWriter": "kvtiers.ops.snapshot_store",
     "require_zarr": "kvtiers.ops.snapshot_store",
+    "SnapshotTargetError": "kvtiers.ops.snapshot_target",
+    "check_snapshot_target": "kvtiers.ops.snapshot_target",
+    "same_place": "kvtiers.ops.snapshot_target",
     "parse_storage_options": "kvtiers.ops.storage_options",
 }
 

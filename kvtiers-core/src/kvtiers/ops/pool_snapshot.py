@@ -12,8 +12,9 @@ Hottest is the pool policy's order of use (`TieringOffloadingManager.
 resident_blocks`: its eviction order reversed - the most recently used first for
 LRU). Both are calls of the manager's own thread (the scheduler's) between steps,
 with no engine call in between: `save_pool` holds `manager.lock` while it reads
-the blocks and writes the store (so a peer-serving tier cannot evict under it), and
-blocks on the store's I/O; `load_pool` stores through `prepare_store` /
+the blocks and writes the store (so a peer-serving tier cannot evict under it), but
+not for the last rows and the swap into place (`SnapshotWriter.close`), and blocks
+on the store's I/O; `load_pool` stores through `prepare_store` /
 `complete_store` like the engine does, so write_through copies the blocks down to
 the tiers too (collected by the caller's `step` / `drain`).
 """
@@ -40,22 +41,26 @@ POOL_SOURCE = "cpu"
 
 def save_pool(manager: TieringOffloadingManager, pool: PoolView, namespace: Namespace,
               url: str, *, hottest: int | None = None,
-              storage_options: Mapping[str, Any] | None = None) -> SnapshotResult:
+              storage_options: Mapping[str, Any] | None = None,
+              overwrite: bool = False) -> SnapshotResult:
     """The pool's readable blocks, most recently used first (at most `hottest`),
-    into a new snapshot at `url` (replaced if there), under `namespace`."""
-    writer = SnapshotWriter(url, namespace, pool.block_bytes,
-                            storage_options=storage_options, hottest_by="recency",
-                            source=POOL_SOURCE)
+    into a new snapshot at `url`, under `namespace`. `url` must be absent, an
+    empty directory or - with `overwrite` - a kvtiers snapshot (`SnapshotWriter`:
+    anything else is refused before any work, and a failure leaves what was there
+    as it was)."""
     out = SnapshotResult(hottest_by="recency")
-    with manager.lock:
-        blocks = manager.resident_blocks()[::-1]
-        if hottest is not None:
-            blocks = blocks[:hottest]
-        for key, slot in blocks:
-            data = bytes(pool.block(slot))
-            writer.add(key, checksum(data), data)
-            out.blocks += 1
-        writer.close()
+    with SnapshotWriter(url, namespace, pool.block_bytes, storage_options=storage_options,
+                        hottest_by="recency", source=POOL_SOURCE,
+                        overwrite=overwrite) as writer:
+        with manager.lock:
+            blocks = manager.resident_blocks()[::-1]
+            if hottest is not None:
+                blocks = blocks[:hottest]
+            for key, slot in blocks:
+                data = bytes(pool.block(slot))
+                writer.add(key, checksum(data), data)
+                out.blocks += 1
+        writer.close()  # the last rows (copies) and the swap into place, unlocked
     return out
 
 

@@ -76,30 +76,33 @@ def _run(tier: SecondaryTier, keys: list[BlockKey], load: bool) -> JobResult:
 
 
 def save_tier(tier: SecondaryTier, url: str, *, hottest: int | None = None,
-              storage_options: Mapping[str, Any] | None = None) -> SnapshotResult:
+              storage_options: Mapping[str, Any] | None = None,
+              overwrite: bool = False) -> SnapshotResult:
     """The tier's blocks (hottest first, `hottest_first`; at most `hottest`) into a
-    new snapshot at `url` (replaced if there). The tier's pool must have `BATCH`
-    slots."""
+    new snapshot at `url`, which must be absent, an empty directory or - with
+    `overwrite` - a kvtiers snapshot (`SnapshotWriter`: anything else is refused
+    before any work, and a failure leaves what was there as it was). The tier's
+    pool must have `BATCH` slots."""
     order, hottest_by = hottest_first(tier)
     if hottest is not None:
         order = order[:hottest]
     pool = tier.ctx.pool
-    writer = SnapshotWriter(url, tier.ctx.namespace, pool.block_bytes,
-                            storage_options=storage_options, hottest_by=hottest_by,
-                            source=tier.ctx.name)
     out = SnapshotResult(hottest_by=hottest_by)
-    for i in range(0, len(order), BATCH):
-        keys = order[i : i + BATCH]
-        result = _run(tier, keys, load=True)
-        ok = set(result.ok) - set(result.failed)
-        for reason, n in result.reasons().items():
-            out.failed[reason.value] = out.failed.get(reason.value, 0) + n
-        for slot, key in enumerate(keys):
-            if key in ok:
-                data = bytes(pool.block(slot))
-                writer.add(key, checksum(data), data)
-                out.blocks += 1
-    writer.close()
+    with SnapshotWriter(url, tier.ctx.namespace, pool.block_bytes,
+                        storage_options=storage_options, hottest_by=hottest_by,
+                        source=tier.ctx.name, overwrite=overwrite) as writer:
+        for i in range(0, len(order), BATCH):
+            keys = order[i : i + BATCH]
+            result = _run(tier, keys, load=True)
+            ok = set(result.ok) - set(result.failed)
+            for reason, n in result.reasons().items():
+                out.failed[reason.value] = out.failed.get(reason.value, 0) + n
+            for slot, key in enumerate(keys):
+                if key in ok:
+                    data = bytes(pool.block(slot))
+                    writer.add(key, checksum(data), data)
+                    out.blocks += 1
+        writer.close()
     if hottest_by == "recency":
         # Loading touched the saved blocks hottest first, which would leave the
         # coldest of them the most recent: touch them again the other way round, so

@@ -62,40 +62,59 @@ def rows_per_chunk(block_bytes: int) -> int:
 
 
 class SnapshotWriter:
-    """Append blocks (`add`), then `close()`; the arrays grow a chunk at a time."""
+    """Append blocks (`add`), then `close()`; the arrays grow a chunk at a time.
+
+    The snapshot is written to a sibling of `url` and put in place by `close()`
+    only once complete (`kvtiers.ops.snapshot_target`): a failure before that -
+    `abort()`, or leaving a `with` block by an exception - leaves whatever was at
+    `url` as it was. `url` must be absent, an empty directory, or (with
+    `overwrite`) a kvtiers snapshot; anything else is refused
+    (`SnapshotTargetError`, a `SnapshotError`) before anything is written."""
 
     def __init__(self, url: str, namespace: Namespace, block_bytes: int, *,
                  storage_options: Mapping[str, Any] | None = None,
-                 hottest_by: str = "recency", source: str = ""):
+                 hottest_by: str = "recency", source: str = "", overwrite: bool = False):
+        from kvtiers.ops.snapshot_target import Staging
+
         zarr = _zarr()
         self.block_bytes = block_bytes
         self.rows = rows_per_chunk(block_bytes)
         self.url = url
         try:
-            self._group = zarr.open_group(url, mode="w",
-                                          storage_options=_options(storage_options))
+            self._staging = Staging(url, storage_options, overwrite=overwrite)
+        except SnapshotError:
+            raise
         except Exception as exc:
             raise SnapshotError(f"{url}: cannot create a snapshot there "
                                 f"({describe_error(exc, storage_options)})") from exc
+        try:
+            self._create(zarr, namespace, hottest_by, source)
+        except Exception as exc:
+            self._staging.abort()
+            raise SnapshotError(f"{url}: cannot create a snapshot there "
+                                f"({describe_error(exc, storage_options)})") from exc
+        self._pending: list[tuple[BlockKey, int, bytes]] = []
+        self.count = 0
+
+    def _create(self, zarr: Any, namespace: Namespace, hottest_by: str, source: str) -> None:
+        self._group = zarr.open_group(self._staging.zarr_store(), mode="w-")
         self._group.attrs.update({
             "kvtiers_snapshot": SNAPSHOT_VERSION, "namespace": namespace.fingerprint,
             "model": namespace.model, "revision": namespace.revision,
             "format_version": namespace.format_version,
-            "groups": [asdict(g) for g in namespace.groups], "block_bytes": block_bytes,
+            "groups": [asdict(g) for g in namespace.groups], "block_bytes": self.block_bytes,
             "checksum": "xxh3_64", "order": "hottest first", "hottest_by": hottest_by,
             "source": source, "blocks": 0})
-        g = self._group
-        self._keys = g.create_array("keys", shape=(0, MAX_KEY), chunks=(self.rows, MAX_KEY),
+        g, rows, block_bytes = self._group, self.rows, self.block_bytes
+        self._keys = g.create_array("keys", shape=(0, MAX_KEY), chunks=(rows, MAX_KEY),
                                     dtype="uint8", compressors=None)
-        self._lens = g.create_array("key_lengths", shape=(0,), chunks=(self.rows,),
+        self._lens = g.create_array("key_lengths", shape=(0,), chunks=(rows,),
                                     dtype="uint16", compressors=None)
-        self._sums = g.create_array("checksums", shape=(0,), chunks=(self.rows,),
+        self._sums = g.create_array("checksums", shape=(0,), chunks=(rows,),
                                     dtype="uint64", compressors=None)
         self._blocks = g.create_array("blocks", shape=(0, block_bytes),
-                                      chunks=(self.rows, block_bytes), dtype="uint8",
+                                      chunks=(rows, block_bytes), dtype="uint8",
                                       compressors=None)
-        self._pending: list[tuple[BlockKey, int, bytes]] = []
-        self.count = 0
 
     def add(self, key: BlockKey, digest: int, data: bytes) -> None:
         if len(key) > MAX_KEY:
@@ -128,18 +147,39 @@ class SnapshotWriter:
         self._pending = []
 
     def close(self) -> None:
-        self._flush()
-        self._group.attrs["blocks"] = self.count
+        """Write what is pending and put the complete snapshot in place of `url`."""
+        try:
+            self._flush()
+            self._group.attrs["blocks"] = self.count
+        except BaseException:
+            self.abort()
+            raise
+        self._staging.commit()
+
+    def abort(self) -> None:
+        """Drop what was written; `url` stays as it was."""
+        self._staging.abort()
+
+    def __enter__(self) -> SnapshotWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None:
+            self.abort()
 
 
 class SnapshotReader:
     """A snapshot's namespace (`namespace`) and its blocks, a chunk at a time."""
 
     def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None):
+        from kvtiers.ops.snapshot_target import local_path
+
         zarr = _zarr()
+        path = local_path(url)  # a plain path or file://: zarr's local store
         try:
-            self._group = zarr.open_group(url, mode="r",
-                                          storage_options=_options(storage_options))
+            self._group = (zarr.open_group(url, mode="r",
+                                           storage_options=_options(storage_options))
+                           if path is None else zarr.open_group(path, mode="r"))
             attrs = self._group.attrs.asdict()
         except Exception as exc:
             raise SnapshotError(f"{url}: not a readable kvtiers snapshot "
