@@ -16,7 +16,9 @@ Pulling (the tier's lookups and loads):
 
 Serving (`serve_external_requests(parent)`, with a `port`): a `PeerServer` answers
 peers from the manager through `ParentManager` (pin, ship, unpin), bounded by the
-limits of the config.
+limits of the config. A server that cannot listen (the port taken, say) costs the
+engine its serving only: logged once with the address and why, counted in
+`stats().errors` ("serve.EADDRINUSE"); the tier still pulls (`serve_error`).
 
 Per-tier roles (`role`): `remote_kv_source` (the default with peers) probes;
 `remote_prefiller` (P/D decode side) answers HIT at once while a peer is connected
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import itertools
 import os
 import re
@@ -56,6 +59,7 @@ from kvtiers.sdk import (
     AsyncJobHooks,
     AsyncProbe,
     BlockKey,
+    ErrorCounts,
     FailureReason,
     Job,
     JobResult,
@@ -67,7 +71,9 @@ from kvtiers.sdk import (
     TierContext,
     TierStats,
     TransferJob,
+    errno_name,
     resolve_options,
+    type_name,
 )
 
 from kvtiers_p2p.pull.link import PeerLink
@@ -75,9 +81,9 @@ from kvtiers_p2p.pull.prefills import Prefills
 from kvtiers_p2p.pull.pushes import Pushes
 from kvtiers_p2p.pull.session import LinkOptions
 from kvtiers_p2p.schema import P2P_SCHEMA
-from kvtiers_p2p.serve.server import PeerServer, ServeLimits, StoreSink
+from kvtiers_p2p.serve.server import ListenError, PeerServer, ServeLimits, StoreSink
 from kvtiers_p2p.wire.handshake import Identity, seed_fingerprint
-from kvtiers_p2p.wire.nixl_plane import NixlMissing, NixlPlane
+from kvtiers_p2p.wire.nixl_plane import NixlPlane
 from kvtiers_p2p.wire.protocol import MAX_KEYS, DataPlane, State
 from kvtiers_p2p.wire.security import CurveKeys
 
@@ -139,6 +145,9 @@ class P2PTier(SecondaryTier):
         self._failed: dict[BlockKey, float] = {}  # remote_prefiller: key -> miss until
         self._sink: StoreSink | None = None
         self._stats = StatsRecorder()
+        # Problems met outside a job (a server that cannot listen): `stats().errors`
+        self._errors = ErrorCounts(self._log, f"kvtiers-p2p {ctx.name or 'p2p'}")
+        self._serve_error: Exception | None = None
         self._closed = False
         self._server: PeerServer | None = None
         self._links: dict[str, PeerLink] = {}
@@ -190,7 +199,9 @@ class P2PTier(SecondaryTier):
 
     def _make_nixl(self, choice: str, ctx: TierContext) -> NixlPlane | None:
         """The NIXL plane for `data_plane` "nixl" (required: a ConfigError saying
-        what is missing) or "auto" (when NIXL imports and its agent starts)."""
+        what is missing or failed) or "auto" (when NIXL imports and its agent
+        starts; any error otherwise means ZeroMQ frames, never an exception into
+        the engine). NIXL's agents listen on no port (no listener thread)."""
         if choice == "zmq":
             return None
         try:
@@ -198,9 +209,10 @@ class P2PTier(SecondaryTier):
                              backends=self.config["backends"],
                              streams=min(self.config["transfer_streams"],
                                          self.config["num_threads"]))
-        except (NixlMissing, RuntimeError) as exc:
+        except Exception as exc:  # NIXL's and UCX's own errors too
             if choice == "nixl":
-                raise ConfigError(ConfigProblem("$.data_plane", str(exc))) from exc
+                raise ConfigError(ConfigProblem(
+                    "$.data_plane", str(exc) or type(exc).__name__)) from exc
             self._log.info("p2p: NIXL data plane unavailable (%s); using ZeroMQ frames",
                            str(exc)[:300])
             return None
@@ -268,11 +280,15 @@ class P2PTier(SecondaryTier):
     def stats(self) -> TierStats:
         """Pushing: the usage and capacity of the node's pool (as it last said)."""
         if not self._push:
-            return self._stats.snapshot(usage_bytes=0)
-        capacity = max((x.capacity_bytes for x in self._links.values()
-                        if x.accepts_stores), default=0)
-        return dataclasses.replace(self._stats.snapshot(usage_bytes=self._pushes.usage_bytes),
-                                   capacity_bytes=capacity)
+            snap = self._stats.snapshot(usage_bytes=0)
+        else:
+            capacity = max((x.capacity_bytes for x in self._links.values()
+                            if x.accepts_stores), default=0)
+            snap = dataclasses.replace(
+                self._stats.snapshot(usage_bytes=self._pushes.usage_bytes),
+                capacity_bytes=capacity)
+        snap.errors.update(self._errors.snapshot())
+        return snap
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
         """Pushing: tell the nodes the blocks were used (their pools' recency)."""
@@ -311,15 +327,45 @@ class P2PTier(SecondaryTier):
 
     def serve_external_requests(self, parent: ParentManager) -> None:
         """Serve this engine's pool to peers when a `port` is configured (0: any
-        free one; see `server.endpoint`). Binds now; raises if it cannot."""
+        free one; see `server.endpoint`). Binds now. A server that cannot start (the
+        port in use, an address not this machine's, ...) costs this engine nothing
+        but its serving (DESIGN invariant 5): the tier serves no peers, says why
+        once in the log (the address, the reason) and counts it in
+        `stats().errors` ("serve.EADDRINUSE"); its pulls from peers go on. See
+        `serve_error`; `start_serving` raises instead."""
+        try:
+            self.start_serving(parent)
+        except Exception as exc:  # noqa: BLE001 - invariant 5: counted and logged
+            self._serve_error = exc
+            kind = errno_name(exc) if isinstance(exc, ListenError) else type_name(exc)
+            self._errors.count(
+                f"serve.{kind}",
+                f"{exc if isinstance(exc, ListenError) else f'cannot serve peers: {exc!r}'}; "
+                "this engine serves no peers (its pulls from peers go on)")
+
+    @property
+    def serve_error(self) -> Exception | None:
+        """Why `serve_external_requests` could not serve (a `ListenError` when the
+        address could not be bound), or None."""
+        return self._serve_error
+
+    def start_serving(self, parent: ParentManager) -> None:
+        """`serve_external_requests`, raising when the server cannot start:
+        `ListenError` (a `KvtiersError`) when its address cannot be bound. For a
+        `kvtiers serve` node, whose only work is serving."""
         if self._server is not None or self._closed:
             return
         port = self.config["port"]
         if port is None:
             self._log.info("p2p: no port configured; serving no peers")
             return
+        address = f"tcp://{self.config['host']}:{port}"
         if port:
             port += self.config["data_parallel_rank"]
+            address = f"tcp://{self.config['host']}:{port}"
+            if port > 65535:  # ZeroMQ would bind the port modulo 65536
+                raise ListenError(address, OSError(
+                    errno.EINVAL, "the port plus data_parallel_rank is above 65535"))
         keepalive = self.config["keepalive"]
         limits = ServeLimits(
             keepalive_s=keepalive["interval_s"], session_timeout_s=keepalive["timeout_s"],
@@ -327,7 +373,7 @@ class P2PTier(SecondaryTier):
             max_pinned_share=self.config["limits"]["max_pinned_share"],
             max_sessions=self.config["limits"]["max_sessions"])
         server = PeerServer(parent, self.ctx.pool, self.identity,
-                            bind=f"tcp://{self.config['host']}:{port}", limits=limits,
+                            bind=address, limits=limits,
                             curve=self._curve, sink=self._sink, logger=self._log,
                             nixl=self._nixl)
         server.start()

@@ -264,7 +264,8 @@ def _snapshot_save(args: argparse.Namespace, stack: Any, geometry: Any, console:
 
     result = save_pool(stack.manager, stack.pool.view, bench_namespace(geometry),
                        args.snapshot_save, hottest=args.snapshot_hottest,
-                       storage_options=args.storage_options)
+                       storage_options=args.storage_options,
+                       overwrite=getattr(args, "snapshot_replace", False))
     args.snapshot_results["save"] = {"url": args.snapshot_save, **result.as_dict()}
     console.print(f"saved the CPU pool's {result.blocks:,} hottest blocks to "
                   f"{args.snapshot_save}")

@@ -90,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "most recently used first")
     snap.add_argument("--snapshot-hottest", type=int, metavar="N",
                       help="with --snapshot-save: only the N hottest blocks")
+    snap.add_argument("--snapshot-overwrite", action="store_true",
+                      help="with --snapshot-save: replace a kvtiers snapshot already there "
+                      "(implied when --snapshot-load names the same URL); a path holding "
+                      "anything else is refused, before the run, with or without it")
     add_storage_option(snap)
 
     wl = parser.add_argument_group("workload (same seed, same requests)")
@@ -236,6 +240,9 @@ def _check_snapshot_options(args: argparse.Namespace) -> None:
                                "give --snapshot-save too")
         if args.snapshot_hottest < 1:
             raise BenchRefused("--snapshot-hottest must be at least 1")
+    if args.snapshot_overwrite and args.snapshot_save is None:
+        raise BenchRefused("--snapshot-overwrite says --snapshot-save may replace a "
+                           "snapshot; give --snapshot-save too")
     if args.storage_option and args.snapshot_save is None and args.snapshot_load is None:
         raise BenchRefused("--storage-option is for --snapshot-save / --snapshot-load")
     if args.snapshot_save is None and args.snapshot_load is None:
@@ -249,6 +256,17 @@ def _check_snapshot_options(args: argparse.Namespace) -> None:
     require_zarr()
     args.storage_options = parse_storage_options(args.storage_option)
     args.snapshot_results = {}
+    if args.snapshot_save is not None:
+        from kvtiers.ops.snapshot_target import check_target, same_place
+
+        # The run's own snapshot (--snapshot-load names the same URL) is replaced
+        # without asking; any other only with --snapshot-overwrite; a path holding
+        # anything but a kvtiers snapshot never. Checked now, before the run.
+        args.snapshot_replace = args.snapshot_overwrite or (
+            args.snapshot_load is not None and same_place(args.snapshot_save,
+                                                          args.snapshot_load))
+        check_target(args.snapshot_save, args.storage_options,
+                     overwrite=args.snapshot_replace, flag="--snapshot-overwrite")
 
 
 class BenchRefused(KvtiersError):

@@ -14,11 +14,12 @@ takes a lock when a tier serves peers).
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Sequence
 
 from kvtiers.config import KvtiersConfig
-from kvtiers.errors import ConfigError, ConfigProblem
+from kvtiers.errors import ConfigError, ConfigProblem, KvtiersError
 from kvtiers.manager import TieringOffloadingManager, num_slots_for, tier_names
 from kvtiers.plugins import Registry, get_registry
 from kvtiers.pool import CpuPool
@@ -36,11 +37,31 @@ from kvtiers.sdk import (
     monotonic,
 )
 
+from kvtiers_p2p.serve.server import ListenError
 from kvtiers_p2p.serve.sessions import StoreAnswer
 from kvtiers_p2p.tier import P2PTier
 from kvtiers_p2p.wire.protocol import State
 
-__all__ = ["CacheNode"]
+__all__ = ["CacheNode", "CannotListen"]
+
+
+class CannotListen(KvtiersError):
+    """`kvtiers serve` cannot listen on a p2p tier's address (the port in use,
+    say): the message names the address, why, and what to change. `kvtiers.cli`
+    prints it and exits 2, without a traceback."""
+
+    def __init__(self, cause: ListenError, index: int):
+        self.address = cause.address
+        self.reason = cause.reason
+        self.errno = cause.errno
+        if cause.errno == errno.EADDRINUSE:
+            what = ("pick another port (the config's secondary_tiers[{i}].port; 0 picks a "
+                    "free one) or stop that one")
+        else:
+            what = ("check the config's secondary_tiers[{i}].host and .port (0 picks a "
+                    "free port)")
+        super().__init__(f"kvtiers serve: cannot listen on {cause.address}: {cause.reason}; "
+                         + what.format(i=index))
 
 
 class _NoCopies(AdmissionPolicy):
@@ -58,10 +79,11 @@ class CacheNode:
     """Build the node for `config` (a kvtiers config with at least one p2p tier
     with a `port`) and `namespace` (the model whose blocks it holds): the pool is
     allocated (refused when larger than the machine), the tiers are built and the
-    p2p tiers start serving. `close` ends everything. `metrics`: each tier reports to
-    it labelled with its name and is wrapped in a `MeteredTier` (what `build_manager`
-    does for an engine), so `kvtiers serve --metrics-port` shows the tiers' lookups
-    and jobs too."""
+    p2p tiers start serving (`CannotListen` when one cannot bind its address:
+    unlike an engine's tier, a node that cannot serve has nothing to do). `close`
+    ends everything. `metrics`: each tier reports to it labelled with its name and
+    is wrapped in a `MeteredTier` (what `build_manager` does for an engine), so
+    `kvtiers serve --metrics-port` shows the tiers' lookups and jobs too."""
 
     def __init__(self, config: KvtiersConfig, namespace: Namespace, *,
                  registry: Registry | None = None, logger: logging.Logger | None = None,
@@ -107,9 +129,13 @@ class CacheNode:
                 tier_names=tier_names(config),
                 admissions=[_NoCopies() if isinstance(t, P2PTier) and not t.config["push"]
                             else None for t in tiers])
+            where = {id(t): i for i, t in enumerate(tiers)}
             for tier in self.p2p:
                 tier.accept_stores(self.store_blocks)
-                tier.serve_external_requests(self.manager)
+                try:
+                    tier.start_serving(self.manager)  # a node that cannot serve stops
+                except ListenError as exc:
+                    raise CannotListen(exc, where[id(tier)]) from exc
         except BaseException:
             for built in tiers:
                 built.close()

@@ -47,7 +47,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         "fsspec URL; each block verified; another model's refused)")
     parser.add_argument("--snapshot-save", metavar="URL",
                         help="when stopped (SIGTERM, Ctrl-C), save the pool here, most "
-                        "recently used first, before the node closes")
+                        "recently used first, before the node closes; URL must be absent, "
+                        "empty, or a kvtiers snapshot (checked before serving)")
+    parser.add_argument("--snapshot-overwrite", action="store_true",
+                        help="with --snapshot-save: replace a kvtiers snapshot already "
+                        "there (implied when --snapshot-load names the same URL: the node "
+                        "replaces the snapshot it started from); never anything else")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an fsspec storage option of the snapshots' URLs (repeatable; "
                         "credentials better from the environment, AWS_ACCESS_KEY_ID, ...)")
@@ -77,11 +82,31 @@ def run_serve(args: argparse.Namespace) -> int:
                 "--metrics-port", f"must be 0..65535, got {args.metrics_port}"))
         require_prometheus("kvtiers serve --metrics-port")
     storage_options = None
+    replace = False
+    if args.snapshot_overwrite and args.snapshot_save is None:
+        raise ConfigError(ConfigProblem(
+            "--snapshot-overwrite", "says --snapshot-save may replace a snapshot; give "
+            "--snapshot-save too"))
     if args.snapshot_load is not None or args.snapshot_save is not None:
-        from kvtiers.ops import parse_storage_options, require_zarr
+        from kvtiers.ops import (
+            check_snapshot_target,
+            parse_storage_options,
+            require_zarr,
+            same_place,
+        )
 
         require_zarr()
         storage_options = parse_storage_options(args.storage_option)
+        if args.snapshot_save is not None:
+            # A node restarted with --snapshot-load X --snapshot-save X replaces the
+            # snapshot it started from; any other snapshot only with
+            # --snapshot-overwrite; a path holding anything else never. Checked now,
+            # before serving, not at the shutdown.
+            replace = args.snapshot_overwrite or (
+                args.snapshot_load is not None and same_place(args.snapshot_save,
+                                                              args.snapshot_load))
+            check_snapshot_target(args.snapshot_save, storage_options, overwrite=replace,
+                                  flag="--snapshot-overwrite")
     # A flag, not a threading.Event: the handler runs in the main thread between
     # two bytecodes, possibly while that thread holds the Event's own lock inside
     # `wait` (a signal delivered to another thread is handled when the main thread
@@ -123,8 +148,8 @@ def run_serve(args: argparse.Namespace) -> int:
                     print(f"kvtiers serve: {node.status()}", file=out, flush=True)
             print(f"kvtiers serve: stopping ({node.status()})", file=out, flush=True)
             if args.snapshot_save is not None:
-                print(_snapshot_save(node, args.snapshot_save, storage_options), file=out,
-                      flush=True)
+                print(_snapshot_save(node, args.snapshot_save, storage_options, replace),
+                      file=out, flush=True)
         finally:
             node.close()
             if metrics is not None:
@@ -161,11 +186,12 @@ def _snapshot_load(node: Any, url: str, options: dict[str, Any] | None) -> str:
     return f"kvtiers serve: pre-warmed the pool with {result.blocks} blocks from {url}{bad}"
 
 
-def _snapshot_save(node: Any, url: str, options: dict[str, Any] | None) -> str:
+def _snapshot_save(node: Any, url: str, options: dict[str, Any] | None,
+                   overwrite: bool) -> str:
     from kvtiers.ops import save_pool
 
     result = save_pool(node.manager, node.pool.view, node.namespace, url,
-                       storage_options=options)
+                       storage_options=options, overwrite=overwrite)
     return f"kvtiers serve: saved the pool's {result.blocks} blocks to {url}"
 
 

@@ -39,6 +39,7 @@ never ends the thread.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import threading
 import time
@@ -47,6 +48,7 @@ from typing import Any
 
 import msgspec
 import zmq
+from kvtiers.errors import KvtiersError
 from kvtiers.sdk import BlockKey, LookupResult, ParentManager, PoolView, checksum
 
 from kvtiers_p2p.serve.sessions import ServeLimits, Session, Shipment, StoreSink
@@ -76,18 +78,53 @@ from kvtiers_p2p.wire.protocol import (
 )
 from kvtiers_p2p.wire.security import CurveKeys
 
-__all__ = ["PeerServer", "ServeLimits", "StoreSink"]
+__all__ = ["ListenError", "PeerServer", "ServeLimits", "StoreSink", "listen_reason"]
 
 _POLL_MS = 50
 _BATCH = 256  # messages handled before the housekeeping runs again
 _CLOSE_WAIT_S = 2.0  # how long close lets transfers under way and goodbyes finish
 DEFAULT_LIMITS = ServeLimits()
 
+#: why a bind failed, in words, by errno (ZeroMQ's and the OS's are the same codes)
+_REASONS = {
+    errno.EADDRINUSE: "the address is in use (another kvtiers serve, engine or program "
+                      "holds it)",
+    errno.EADDRNOTAVAIL: "no network interface of this machine has that address",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+    errno.ENODEV: "no interface of this machine has that name or address (or the host "
+                  "name does not resolve)",
+    errno.EINVAL: "not a valid address (host and port 0..65535)",
+    errno.EMFILE: "too many open files in this process",
+}
+
+
+def listen_reason(exc: BaseException) -> str:
+    """Why binding failed, in words: what the errno means for a listener, else the
+    error's own text."""
+    code = getattr(exc, "errno", None)
+    reason = _REASONS.get(code) if isinstance(code, int) else None
+    if reason is not None:
+        return reason
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return str(text)
+
+
+class ListenError(KvtiersError):
+    """A `PeerServer` cannot listen on `address` ("tcp://HOST:PORT"): `reason` in
+    words, `errno` the error's code (None without one), the cause chained."""
+
+    def __init__(self, address: str, cause: BaseException):
+        code = getattr(cause, "errno", None)
+        self.address = address
+        self.reason = listen_reason(cause)
+        self.errno: int | None = code if isinstance(code, int) else None
+        super().__init__(f"cannot listen on {address}: {self.reason}")
+
 
 class PeerServer:
     """Serve `pool` (the manager's) from `parent` on `bind` ("tcp://HOST:PORT";
-    port 0 picks one: see `endpoint`). `start` binds (raising on failure) and
-    starts the thread; `close` stops it. Both block briefly; neither is for the
+    port 0 picks one: see `endpoint`). `start` binds (`ListenError` when it
+    cannot) and starts the thread; `close` stops it. Both block briefly; neither is for the
     scheduler thread's hot path (they run at start-up and shutdown)."""
 
     def __init__(self, parent: ParentManager, pool: PoolView, identity: Identity, *,
@@ -123,25 +160,40 @@ class PeerServer:
     # Lifecycle (any thread but the server's).
 
     def start(self) -> None:
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting peer's new session wins
-        sock.setsockopt(zmq.MAXMSGSIZE, -1)  # control frames are checked by size when read
-        if self._curve is not None:
-            self._auth = self._curve.start_authenticator(self._ctx)
-            self._curve.apply_server(sock)
+        """Bind and start the thread. `ListenError` when the address cannot be
+        bound (in use, not this machine's, not allowed, ...) or a socket cannot be
+        made: everything made so far is closed (the context too), so a failed
+        server holds no thread, port or descriptor."""
+        sock: zmq.Socket[bytes] | None = None
         try:
+            sock = self._ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting peer's new session wins
+            sock.setsockopt(zmq.MAXMSGSIZE, -1)  # control frames are checked by size when read
+            if self._curve is not None:
+                self._auth = self._curve.start_authenticator(self._ctx)
+                self._curve.apply_server(sock)
             sock.bind(self._bind)
-        except zmq.ZMQError:
-            sock.close(0)
+            self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            thread = threading.Thread(target=self._serve, name="kvtiers-p2p-server",
+                                      daemon=True)
+            self._sock = sock
+            thread.start()
+            self._thread = thread
+        except BaseException as exc:
+            self._sock = None
+            self.endpoint = ""
+            if sock is not None:
+                sock.close(0)
             if self._auth is not None:
-                self._auth.stop()
+                with contextlib.suppress(Exception):
+                    self._auth.stop()
+                self._auth = None
+            with contextlib.suppress(Exception):
+                self._ctx.term()
+            if isinstance(exc, (zmq.ZMQError, OSError)):
+                raise ListenError(self._bind, exc) from exc
             raise
-        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._sock = sock
-        self._thread = threading.Thread(target=self._serve, name="kvtiers-p2p-server",
-                                        daemon=True)
-        self._thread.start()
         self._log.info("serving peers on %s as %s", self.endpoint, self._identity.peer_id)
 
     def close(self, timeout: float = 5.0) -> None:
