@@ -54,7 +54,7 @@ from kvtiers.sdk import (
 from kvtiers_s3.check import OBJ_PATHS, S3_PATHS, Paths, check_offline
 from kvtiers_s3.client.bucket import ensure_bucket, set_ttl_rule
 from kvtiers_s3.client.connect import open_filesystem
-from kvtiers_s3.client.objects import ObjectStore, describe
+from kvtiers_s3.client.objects import ObjectInfo, ObjectStore, describe
 from kvtiers_s3.holdings.catalog import (
     Scan,
     block_object,
@@ -188,8 +188,8 @@ class S3Tier(SecondaryTier):
         return True
 
     async def _scan(self, kinds: tuple[str, ...] | None = None) -> Scan:
-        def held(name: str) -> bool:
-            return self._held_name(name)
+        def held(info: ObjectInfo) -> bool:
+            return self._held_name(info.name) or self._judged(info)
 
         if kinds is None:
             return await scan(self._store, self.ns_root, self.ctx.namespace.fingerprint,
@@ -208,8 +208,23 @@ class S3Tier(SecondaryTier):
         obj = self._holdings.index.get(oid)
         return obj is not None and obj.name == name
 
+    def _judged(self, info: ObjectInfo) -> bool:
+        """Whether the object `info` describes failed verification and has not changed
+        since (`holdings.verdicts`): left out of probes and listings, a miss. One
+        that changed is judged afresh (a quarantined one let go, undeleted)."""
+        name = info.name
+        verdicts = self._io.verdicts
+        if name in verdicts:
+            if verdicts.judge(info) is not None:
+                return True
+            self._holdings.release(name)
+            return False
+        return self._holdings.quarantined(name) is not None
+
     async def _adopt_scan(self, found: Scan, *, restore: bool = False) -> None:
         now, ttl = self.wall_clock(), self.settings.ttl_s
+        for info, reason in found.others:  # not read again until they change
+            self._io.verdicts.remember(info, reason)
         doomed = list(found.bad)
         for obj in found.objects:
             if ttl and obj.mtime + ttl < now:
@@ -361,9 +376,12 @@ class S3Tier(SecondaryTier):
                 return None
             async with sem:
                 info = await self._store.info(name)
-            if info is None or name in self._io.deleting:
+            if info is None or name in self._io.deleting or self._judged(info):
                 return None
-            return block_object(info, key, bb)
+            obj = block_object(info, key, bb)
+            if obj is None:  # not a whole record: ours and broken, as at start-up
+                self._io.delete_names([name])
+            return obj
 
         timeout = self.settings.timeout_s
         found = await asyncio.wait_for(asyncio.gather(*(head(k) for k in todo)), timeout)

@@ -51,6 +51,7 @@ class ObjectInfo:
     name: str  # as the tier names it (`ObjectStore.path`)
     size: int
     mtime: float | None  # seconds since the epoch, when the store says
+    etag: str | None = None  # the store's ETag, when it gives one (changes with the bytes)
 
 
 def classify(exc: BaseException) -> FailureReason:
@@ -78,6 +79,14 @@ def _mtime(info: dict[str, Any]) -> float | None:
             return value.timestamp()
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+    return None
+
+
+def _etag(info: dict[str, Any]) -> str | None:
+    for field in ("ETag", "etag", "e_tag"):
+        value = info.get(field)
+        if isinstance(value, str) and value:
+            return value.strip('"')
     return None
 
 
@@ -164,14 +173,15 @@ class ObjectStore:
                 return None
             modified = head.get("LastModified")
             return ObjectInfo(name, int(head.get("ContentLength", 0)),
-                              modified.timestamp() if modified is not None else None)
+                              modified.timestamp() if modified is not None else None,
+                              _etag(head))
         try:
             found = await self.fs._info(self.path(name))
         except FileNotFoundError:
             return None
         if found.get("type") == "directory":
             return None
-        return ObjectInfo(name, int(found.get("size") or 0), _mtime(found))
+        return ObjectInfo(name, int(found.get("size") or 0), _mtime(found), _etag(found))
 
     @property
     def streams(self) -> bool:
@@ -294,7 +304,8 @@ class ObjectStore:
                 found = await self.fs._find(self.path(prefix.rstrip("/")), detail=True)
             except FileNotFoundError:
                 return []
-            return [ObjectInfo(self.path(name), int(info.get("size") or 0), _mtime(info))
+            return [ObjectInfo(self.path(name), int(info.get("size") or 0), _mtime(info),
+                               _etag(info))
                     for name, info in found.items() if info.get("type") != "directory"]
         first, more = await self._list_s3(prefix, pages=1 if shards else None)
         if not more:
@@ -334,7 +345,8 @@ class ObjectStore:
             for obj in page.get("Contents", ()):
                 modified = obj.get("LastModified")
                 out.append(ObjectInfo(f"{bucket}/{obj['Key']}", int(obj.get("Size", 0)),
-                                      modified.timestamp() if modified is not None else None))
+                                      modified.timestamp() if modified is not None else None,
+                                      _etag(obj)))
             token = page.get("NextContinuationToken")
             more = bool(page.get("IsTruncated") and token)
             if not more or (pages is not None and read >= pages):

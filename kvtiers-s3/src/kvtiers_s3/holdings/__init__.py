@@ -6,4 +6,6 @@ stored under its namespace prefix.
   `StoredObject` and `Member` describe one object and one record in it.
 - `catalog`: what the prefix holds, found by listing it (start-up, rescans, the
   probes), each segment's index read back; `NAMESPACE.json` and the recency manifest.
+- `verdicts`: objects that failed verification, remembered by their ETag, size and
+  time, so that probes and listings leave them out until they change.
 """

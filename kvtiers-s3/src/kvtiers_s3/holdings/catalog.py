@@ -5,8 +5,12 @@ probes that find what other engines stored.
 each block name into a `StoredObject` at once (its header is checked when it is
 loaded) and reads each segment's index with one short ranged GET, concurrently.
 An object whose size or index is wrong is *ours and broken* (`bad`: the tier
-deletes it); one of another format version or namespace is left alone (`foreign`).
-Names the tier did not make are not even looked at.
+deletes it), and so is a segment without the kvtiers-s3 magic: its name is one
+only kvtiers-s3 makes, under the namespace's fingerprint, and nothing it cannot
+parse may stay there uncounted (it would take room beyond `capacity_bytes` for
+good). One of another format version or namespace is left alone (`foreign`,
+`others`: the tier remembers them, `holdings.verdicts`, and does not read them
+again until they change). Names the tier did not make are not even looked at.
 
 The recency manifest (`recency.json` under the namespace prefix) is the index's
 `export()`, written at close by whichever engine closes last; advisory (start-up
@@ -38,6 +42,8 @@ RECENCY_FILE = "recency.json"
 INDEX_READS = 32  # segment indexes read at once
 #: format problems that make an object ours and broken (deleted), not someone else's
 BROKEN = frozenset({Reason.TRUNCATED, Reason.CORRUPT, Reason.KEY, Reason.LENGTH})
+#: ... and what makes a listed segment ours and broken: its name is ours
+BROKEN_SEGMENT = BROKEN | {Reason.FOREIGN}
 
 
 @dataclass
@@ -45,6 +51,7 @@ class Scan:
     objects: list[StoredObject] = field(default_factory=list)  # oldest first
     bad: list[str] = field(default_factory=list)  # ours and broken: delete
     foreign: int = 0  # another version's or namespace's, left alone
+    others: list[tuple[ObjectInfo, Reason]] = field(default_factory=list)  # those, and why
     listed: set[str] = field(default_factory=set)  # every name listed
     seconds: float = 0.0
 
@@ -55,7 +62,7 @@ def block_object(info: ObjectInfo, key: bytes, block_bytes: int) -> StoredObject
     if info.size != size:
         return None
     return StoredObject(key, info.name, size, {key: Member(0, size)},
-                        info.mtime if info.mtime is not None else time.time())
+                        info.mtime if info.mtime is not None else time.time(), etag=info.etag)
 
 
 async def read_segment(store: ObjectStore, info: ObjectInfo, fingerprint: str,
@@ -82,10 +89,10 @@ async def read_segment(store: ObjectStore, info: ObjectInfo, fingerprint: str,
 
 
 async def scan(store: ObjectStore, ns_root: str, fingerprint: str, block_bytes: int,
-               *, known: Callable[[str], bool] | None = None,
+               *, known: Callable[[ObjectInfo], bool] | None = None,
                kinds: tuple[str, ...] = (BLOCKS, SEGMENTS)) -> Scan:
-    """Every object of the namespace but those `known(name)` says are held, oldest
-    first; `Scan.listed` has every name listed (held ones too)."""
+    """Every object of the namespace but those `known(info)` says are held (or
+    judged already), oldest first; `Scan.listed` has every name listed (those too)."""
     start = time.perf_counter()
     out = Scan()
     listings = await asyncio.gather(*(
@@ -94,7 +101,7 @@ async def scan(store: ObjectStore, ns_root: str, fingerprint: str, block_bytes: 
     segments: list[ObjectInfo] = []
     for info in (i for listing in listings for i in listing):
         out.listed.add(info.name)
-        if known is not None and known(info.name):
+        if known is not None and known(info):
             continue
         parsed = parse_name(ns_root, info.name)
         if parsed is None:
@@ -121,11 +128,14 @@ async def scan(store: ObjectStore, ns_root: str, fingerprint: str, block_bytes: 
     for info, got in zip(segments, await asyncio.gather(*(one(i) for i in segments)),
                          strict=True):
         if isinstance(got, StoredObject):
+            if info.etag is not None:
+                got.etag = info.etag
             out.objects.append(got)
-        elif got in BROKEN:
+        elif got in BROKEN_SEGMENT:
             out.bad.append(info.name)
         elif got is not None:
             out.foreign += 1
+            out.others.append((info, got))
     out.objects.sort(key=lambda o: o.mtime)
     out.seconds = time.perf_counter() - start
     return out

@@ -13,6 +13,13 @@ Threads: `lookup`, `pin` and `touch` are for the scheduler thread: dictionary
 reads and the index's O(1) operations, never this class's lock. Everything else
 (the tier's event loop, the probe thread) takes the lock for the key map, and is
 O(1) per key it names. Removals are reported to `ctx.events` as block keys.
+
+A *quarantined* object is one a load found unparseable (no kvtiers-s3 magic) at a
+name only the tier makes: it holds no block (every lookup of its key is a miss),
+but its bytes stay counted against the bound, under an id of its own
+(`QUARANTINE_TAG` + its name, so a new store of the key is not mistaken for it),
+and it is evicted - deleted - by the policy like any object. A new object under its
+name (our own store, or one a probe or listing finds changed) lets it go, undeleted.
 """
 
 from __future__ import annotations
@@ -23,14 +30,21 @@ from dataclasses import dataclass, field
 
 from kvtiers.sdk import BlockKey, BoundedIndex, Pins, Reservation, TierContext
 
-__all__ = ["SEGMENT_TAG", "Holdings", "Member", "StoredObject", "segment_oid"]
+__all__ = ["QUARANTINE_TAG", "SEGMENT_TAG", "Holdings", "Member", "StoredObject",
+           "quarantine_oid", "segment_oid"]
 
 #: prefix of a segment's object id (block keys never start with a NUL and this)
 SEGMENT_TAG = b"\x00kvtiers-s3 segment\x00"
+#: prefix of a quarantined object's id
+QUARANTINE_TAG = b"\x00kvtiers-s3 quarantined\x00"
 
 
 def segment_oid(name: str) -> bytes:
     return SEGMENT_TAG + name.rsplit("/", 1)[-1].encode()
+
+
+def quarantine_oid(name: str) -> bytes:
+    return QUARANTINE_TAG + name.rsplit("/", 1)[-1].encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +66,7 @@ class StoredObject:
     members: dict[BlockKey, Member]  # live blocks in it
     mtime: float  # wall-clock seconds when it was stored (ttl_s)
     packed: bool = False
+    etag: str | None = None  # the store's ETag where known (listings, HEADs)
     #: index bytes of a segment (start-up read them; a load needs none)
     extra: dict[str, int] = field(default_factory=dict)
 
@@ -108,6 +123,8 @@ class Holdings:
         """A new object is stored: make it and its blocks visible. False when its
         id was committed by someone else meanwhile (discard this copy)."""
         with self._lock:
+            if not obj.packed:
+                self.release(obj.name)  # overwritten by this store
             if not room.commit(obj.oid, obj):
                 return False
             self._adopt(obj)
@@ -118,15 +135,9 @@ class Holdings:
         delete: evicted to make room, or `obj` itself when it does not fit; an
         object whose id is held already is ignored (empty list)."""
         with self._lock:
-            if obj.oid in self._objects:
-                return []
-            try:
-                gone = self.index.add(obj.oid, obj, obj.size)
-            except KeyError:
-                return []
-            if all(o is not obj for _, o in gone):
-                self._adopt(obj)
-            return [o for _, o in gone]
+            if not obj.packed:
+                self.release(obj.name)  # a new object under a quarantined one's name
+            return self._add_locked(obj)
 
     def drop(self, obj: StoredObject, key: BlockKey | None = None) -> bool:
         """Forget block `key` of `obj` (None: every block of it). True when the
@@ -143,6 +154,37 @@ class Holdings:
             self._events.removed(gone)
         return not left
 
+    def quarantine(self, obj: StoredObject) -> list[StoredObject]:
+        """`obj` (a block object) is not ours to read: its block leaves, its bytes stay
+        counted as a quarantined object (module doc). Returns the objects evicted to
+        keep it (delete them); nothing when `obj` has left the index meanwhile."""
+        with self._lock:
+            gone = [k for k in obj.members if self._keys.get(k) is obj]
+            for k in gone:
+                del self._keys[k]
+            obj.members.clear()
+            if self.index.remove(obj.oid, obj) is None:
+                removed: list[StoredObject] = []
+            else:
+                q = StoredObject(quarantine_oid(obj.name), obj.name, obj.size, {}, obj.mtime,
+                                 etag=obj.etag)
+                removed = self._add_locked(q)
+        if gone:
+            self._events.removed(gone)
+        return [o for o in removed if o.name != obj.name]
+
+    def quarantined(self, name: str) -> StoredObject | None:
+        """The quarantined object named `name`, if held."""
+        obj = self._objects.get(quarantine_oid(name))
+        return obj if obj is not None and obj.name == name else None
+
+    def release(self, name: str) -> None:
+        """Let go of the quarantined object `name` (its object changed), undeleted."""
+        with self._lock:
+            obj = self.quarantined(name)
+            if obj is not None:
+                self.index.remove(obj.oid, obj)
+
     def objects(self) -> list[StoredObject]:
         """Every object held (a copy; O(objects): start-up, tests)."""
         with self._lock:
@@ -155,6 +197,17 @@ class Holdings:
         return isinstance(key, bytes) and self.lookup(key) is not None
 
     # Internals.
+
+    def _add_locked(self, obj: StoredObject) -> list[StoredObject]:
+        if obj.oid in self._objects:
+            return []
+        try:
+            gone = self.index.add(obj.oid, obj, obj.size)
+        except KeyError:
+            return []
+        if all(o is not obj for _, o in gone):
+            self._adopt(obj)
+        return [o for _, o in gone]
 
     def _adopt(self, obj: StoredObject) -> None:
         self._objects[obj.oid] = obj

@@ -1,6 +1,7 @@
 """`IoContext`: what every request of one tier's jobs needs - the object store, the
 copier threads, a request's time limit, each request's latency, and the background
-deletes of objects that left the index. Shared by `stores.Stores` and `loads.Loads`.
+deletes of objects that left the index, the verdicts on objects that failed
+verification. Shared by `stores.Stores` and `loads.Loads`.
 
 Threads: built on the scheduler thread (the tier's constructor); `attach` once the
 loop's store exists; everything else runs on the tier's event loop, except
@@ -18,6 +19,7 @@ from kvtiers.sdk import ErrorCounts, FailureReason, Job, StatsRecorder, TierCont
 
 from kvtiers_s3.client.objects import ObjectStore
 from kvtiers_s3.holdings.index import Holdings, StoredObject
+from kvtiers_s3.holdings.verdicts import Verdicts
 from kvtiers_s3.jobs.latency import RequestLatency
 from kvtiers_s3.settings import S3Settings
 
@@ -46,6 +48,8 @@ class IoContext:
         self.spawn = spawn
         #: names of objects being deleted (the loop thread's)
         self.deleting: set[str] = set()
+        #: objects that failed verification, left out until they change (the loop's)
+        self.verdicts = Verdicts()
         #: each GET's and PUT's time (recorded on the loop thread)
         self.latency = RequestLatency()
         # Slot copies and checksums run here, off the loop: a pool access may be slow

@@ -9,9 +9,15 @@ into the slots where the client streams, else read whole and placed on a copier
 thread (`placing.Placer`) - bounded by `timeout_s` and the job's deadline, its time
 recorded (`latency`, from the GET to its blocks verified in their slots); the end
 hook settles the other keys the way their read went, releases the pins and touches
-what loaded. A broken record (corrupt, truncated, another key's) fails `corrupt`,
-leaves the index, and its object is deleted once no block of it is live; another
-format's or namespace's object is a miss, left alone; a vanished one is a miss.
+what loaded. A broken record (corrupt, truncated, another key's; any record of a
+segment that is not what its index says) fails `corrupt`, leaves the index, and its
+object is deleted once no block of it is live. A block object that is not provably
+ours (no kvtiers-s3 magic, another format's or namespace's record) is a miss, not
+deleted by a load, and remembered as bad with its ETag, size and time
+(`holdings.verdicts`): probes and listings leave it out until it changes, so it is
+never a HIT again that fails again. One without our magic at our name keeps its
+bytes counted, quarantined (`holdings.index`), until the policy evicts it; another
+namespace's or format's leaves the index, left alone. A vanished object is a miss.
 """
 
 from __future__ import annotations
@@ -20,15 +26,16 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from kvtiers.sdk import AsyncJobHooks, BlockKey, FailureReason, Job, Pins
+from kvtiers.sdk import AsyncJobHooks, FailureReason, Job, Pins
 
-from kvtiers_s3.client.objects import classify
+from kvtiers_s3.client.objects import ObjectInfo, classify
 from kvtiers_s3.holdings.index import StoredObject
 from kvtiers_s3.jobs.iocontext import IoContext, engine_failure
 from kvtiers_s3.jobs.latency import LOAD
 from kvtiers_s3.jobs.placing import Placed, Placer
 from kvtiers_s3.jobs.ranges import Read, coalesce
 from kvtiers_s3.layout import codec
+from kvtiers_s3.layout.codec import Reason
 
 __all__ = ["LoadPlan", "Loads"]
 
@@ -38,7 +45,7 @@ class LoadPlan:
     pins: Pins[StoredObject] | None
     objects: list[StoredObject | None]
     reads: dict[int, tuple[StoredObject, Read]] = field(default_factory=dict)
-    outcomes: dict[int, Placed] = field(default_factory=dict)  # any key -> outcome
+    outcomes: dict[int, FailureReason | None] = field(default_factory=dict)  # any key
 
 
 class Loads:
@@ -77,7 +84,7 @@ class Loads:
                 leaders.append(leader)
         return leaders
 
-    async def _load(self, job: Job, leader: int) -> Placed:
+    async def _load(self, job: Job, leader: int) -> FailureReason | None:
         io, placer = self.io, self.placer
         plan: LoadPlan = job.state
         obj, read = plan.reads[leader]
@@ -88,7 +95,7 @@ class Loads:
                     obj.name, read.start, read.end,
                     lambda body: placer.place_stream(job, obj, read, body)), io.timeout(job))
                 io.latency.record(LOAD, time.perf_counter() - began)
-                return self._settle(job, obj, read, placed, leader)
+                return await self._settle(job, obj, read, placed, leader)
             data = await asyncio.wait_for(io.store.get(obj.name, read.start, read.end),
                                           io.timeout(job))
         except Exception as exc:  # noqa: BLE001 - every failure is a reason, never raised
@@ -102,22 +109,45 @@ class Loads:
             return reason
         placed = await io.off_loop(placer.place_all, job, obj, read, data)
         io.latency.record(LOAD, time.perf_counter() - began)
-        return self._settle(job, obj, read, placed, leader)
+        return await self._settle(job, obj, read, placed, leader)
 
-    def _settle(self, job: Job, obj: StoredObject, read: Read, placed: list[Placed],
-                leader: int) -> Placed:
+    async def _settle(self, job: Job, obj: StoredObject, read: Read, placed: list[Placed],
+                      leader: int) -> FailureReason | None:
         plan: LoadPlan = job.state
         for (i, _, _), outcome in zip(read.members, placed, strict=True):
-            plan.outcomes[i] = outcome
-            if outcome is not None:
-                self._settle_bad(obj, job.keys[i], outcome)
+            if isinstance(outcome, Reason):  # not provably ours: a miss, judged
+                plan.outcomes[i] = FailureReason.MISSING
+                await self._judge(job, obj, outcome)
+            else:
+                plan.outcomes[i] = outcome
+                if outcome is not None and self.io.holdings.drop(obj, job.keys[i]):
+                    self.io.delete_names([obj.name])  # ours and broken
         return plan.outcomes[leader]
 
-    def _settle_bad(self, obj: StoredObject, key: BlockKey, outcome: FailureReason) -> None:
-        """On the loop: a broken record leaves the index, its object goes once no
-        block of it is live; another format's stays where it is."""
-        if self.io.holdings.drop(obj, key) and outcome is FailureReason.CORRUPT:
-            self.io.delete_names([obj.name])
+    async def _judge(self, job: Job, obj: StoredObject, reason: Reason) -> None:
+        """On the loop, before the job is reported (so that no lookup after it finds
+        the object again): remember the block object `obj` as bad, by what the store
+        says identifies it - from the listing or HEAD that found it, or (an object
+        this engine stored, whose store time and ETag it never saw) a HEAD now; then
+        quarantine it (no magic: ours to count and evict) or let it go (another
+        namespace's or format's: left alone, uncounted)."""
+        io = self.io
+        info: ObjectInfo | None = ObjectInfo(obj.name, obj.size, obj.mtime, obj.etag)
+        if obj.etag is None:
+            try:
+                info = await asyncio.wait_for(io.store.info(obj.name), io.timeout(job))
+            except Exception as exc:  # noqa: BLE001 - judged by its size alone, then
+                io.errors.record("load", exc)
+                info = ObjectInfo(obj.name, obj.size, None, None)
+        if info is not None:
+            io.verdicts.remember(info, reason)
+        if reason is Reason.FOREIGN and info is not None:
+            doomed = io.holdings.quarantine(obj)
+            if doomed:
+                io.stats.evicted(len(doomed))
+                io.delete_later(doomed)
+        else:
+            io.holdings.drop(obj)
 
     def _end(self, job: Job) -> None:
         io = self.io

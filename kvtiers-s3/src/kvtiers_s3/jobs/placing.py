@@ -8,8 +8,12 @@ and the error log, so it is safe off the loop. The caller settles the outcomes o
 the loop.
 
 An outcome is None (placed and verified), `CORRUPT` (ours and broken: the caller
-drops it from the index and deletes the object) or `MISSING` (another format's or
-namespace's record under our name: a miss, left alone).
+drops it from the index and deletes the object) or a `codec.Reason` - `foreign`,
+`namespace`, `version`: a block object under our name that is not provably ours
+(no kvtiers-s3 magic, another namespace's or format's record), a miss to the job
+(`MISSING`) that the caller remembers as bad, never deletes on a load alone. A record
+of a packed segment is always provably ours - the segment's index, checksummed and
+of our namespace, says what it must be - so any record that is not it is `CORRUPT`.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ from kvtiers_s3.holdings.catalog import BROKEN
 from kvtiers_s3.holdings.index import StoredObject
 from kvtiers_s3.jobs.ranges import Read
 from kvtiers_s3.layout import codec
-from kvtiers_s3.layout.codec import FormatError
+from kvtiers_s3.layout.codec import FormatError, Reason
 
 __all__ = ["Placed", "Placer"]
 
-# What placing one record gives: None (in its slot, verified) or why not. An async
-# job's items await instead of deferring, so no `Deferred` here.
-Placed = FailureReason | None
+# What placing one record gives: None (in its slot, verified) or why not (a
+# `Reason` for a block object not provably ours). An async job's items await
+# instead of deferring, so no `Deferred` here.
+Placed = FailureReason | Reason | None
 
 
 class Placer:
@@ -45,7 +50,7 @@ class Placer:
         pos = 0
         for i, rel, length in read.members:
             if rel > pos and len(read_exact(body, rel - pos)) < rel - pos:
-                out.append(self.bad(obj, True, "the object ended early"))
+                out.append(self.bad(obj, Reason.CORRUPT, "the object ended early"))
                 pos = rel
                 continue
             out.append(self._place_from(job, i, obj, body, length))
@@ -61,21 +66,21 @@ class Placer:
             header = codec.decode_header(head, self.fingerprint)
         except FormatError as exc:
             read_exact(body, length - len(head))  # keep the stream at the next record
-            return self.bad(obj, exc.reason in BROKEN, str(exc))
+            return self.bad(obj, exc.reason, str(exc))
         if header.key != key or header.payload_bytes != self.block_bytes \
                 or header.record_bytes != length:
             read_exact(body, length - len(head))
-            return self.bad(obj, True, "the record is not this block's")
+            return self.bad(obj, Reason.CORRUPT, "the record is not this block's")
         member = obj.members.get(key)
         if member is not None and member.checksum is not None \
                 and member.checksum != header.checksum:
             read_exact(body, length - len(head))
-            return self.bad(obj, True, "the record does not match the segment index")
+            return self.bad(obj, Reason.CORRUPT, "the record does not match the segment index")
         slot = self.pool.block(job.slots[i])
         if readinto_exact(body, slot) < len(slot):
-            return self.bad(obj, True, "truncated: the object ended inside the block")
+            return self.bad(obj, Reason.CORRUPT, "truncated: the object ended inside the block")
         if not verify(slot, header.checksum):
-            return self.bad(obj, True, "block checksum mismatch")
+            return self.bad(obj, Reason.CORRUPT, "block checksum mismatch")
         return None
 
     def place_all(self, job: Job, obj: StoredObject, read: Read,
@@ -92,23 +97,24 @@ class Placer:
             header, payload = codec.decode_record(record, self.fingerprint, key=key,
                                                   payload_bytes=self.block_bytes, verify=False)
         except FormatError as exc:
-            return self.bad(obj, exc.reason in BROKEN, str(exc))
+            return self.bad(obj, exc.reason, str(exc))
         if member is not None and member.checksum is not None \
                 and member.checksum != header.checksum:
-            return self.bad(obj, True, "the record does not match the segment index")
+            return self.bad(obj, Reason.CORRUPT, "the record does not match the segment index")
         slot = self.pool.block(job.slots[i])
         slot[:] = payload
         if not verify(slot, header.checksum):
-            return self.bad(obj, True, "block checksum mismatch")
+            return self.bad(obj, Reason.CORRUPT, "block checksum mismatch")
         return None
 
-    def bad(self, obj: StoredObject, broken: bool, why: str) -> Placed:
+    def bad(self, obj: StoredObject, reason: Reason, why: str) -> Placed:
         """Count and log a record that is not the block (any thread)."""
-        if broken:
+        if obj.packed or reason in BROKEN:
             self.errors.note("load", "corrupt", f"{obj.name}: {why}; removed")
             return FailureReason.CORRUPT
-        self.errors.note("load", "foreign", f"{obj.name}: {why}; left alone")
-        return FailureReason.MISSING
+        self.errors.note("load", "foreign", f"{obj.name}: {why}; left alone, a miss until "
+                                            "it changes")
+        return reason
 
 
 def read_exact(body: Any, n: int) -> bytes:

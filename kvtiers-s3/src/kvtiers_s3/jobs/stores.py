@@ -94,6 +94,9 @@ class Stores:
         if not todo:
             return []
         puts = self._requests(job, todo)
+        for put in puts:
+            if not put.packed:  # about to be overwritten: never evicted (deleted) now
+                io.holdings.release(put.name)
         room = io.holdings.reserve([(p.oid, p.size) for p in puts])
         plan.room = room
         if room.evicted:
@@ -200,6 +203,7 @@ class Stores:
             for leader, put in sorted(plan.puts.items()):  # a prefix's first blocks are older
                 obj = plan.stored.get(leader)
                 if obj is not None:  # stored: its blocks, not the slots that failed
+                    io.verdicts.forget(obj.name)  # a new object under that name
                     io.holdings.commit(room, obj)
                     for i in put.indices[1:]:
                         if i in plan.key_failed:
