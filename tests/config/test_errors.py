@@ -45,6 +45,10 @@ def test_enum_says_the_choices_and_the_closest(problems) -> None:
         '$.write_policy: expected one of "write_through", "write_back", found "writeback" '
         '(string) (did you mean "write_back"?)'
     ]
+    assert problems({"cpu_bytes_to_use": GiB, "write_policy": "WRITE_BACK"}) == [
+        '$.write_policy: expected one of "write_through", "write_back", found "WRITE_BACK" '
+        '(string) (did you mean "write_back"?)'
+    ]
 
 
 def test_unknown_keys_get_did_you_mean(problems) -> None:
@@ -210,6 +214,13 @@ def test_json_oddities_are_refused(problems) -> None:
         "found [1, 2] (array)"
     ]
     assert problems("[" * 100_000) == ["$: invalid JSON in inline JSON: nested too deeply"]
+    # Python's own limit (4300 digits) and its interpreter hint never reach the user
+    for digits in (100, 4300, 4301, 5001):
+        doc = '{"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "memory", ' \
+            '"capacity_bytes": -' + "7" * digits + "}]}"
+        assert problems(doc) == [
+            f"$.secondary_tiers[0].capacity_bytes: an integer of {digits} digits is too "
+            "large: options take integers up to 2**64 - 1 (18446744073709551615)"]
 
 
 def test_missing_file_and_directory(problems, tmp_path: Path) -> None:

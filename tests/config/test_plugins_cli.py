@@ -107,3 +107,20 @@ def test_options_of_an_installed_tier(tmp_path: Path) -> None:
         "error: unknown tier 'memroy' (did you mean 'memory'?); installed tiers, policies and "
         "admission policies: "
     )
+
+
+def test_the_listing_fits_a_narrow_terminal_with_every_name_whole(tmp_path: Path) -> None:
+    site = _plugins(tmp_path)
+    rows = json.loads(kvtiers(site, "plugins", "--json").stdout)
+    for columns in (80, 60):
+        done = kvtiers(site, "plugins", COLUMNS=str(columns))
+        lines = done.stdout.splitlines()
+        assert max(len(line) for line in lines) <= columns, done.stdout
+        starts = [line.split()[0] for line in lines[1:] if line and not line.startswith(" ")]
+        assert starts == [r["name"] for r in rows]  # a line per entry, its name whole
+        # each entry's line, then its description (or error) under it
+        assert len(lines) <= 1 + sum(1 + -(-len(r["description"] or r["error"] or "x")
+                                         // (columns - 25)) for r in rows)
+        broken = next(i for i, line in enumerate(lines) if line.startswith("broken "))
+        assert lines[broken].split()[-1] == "error"
+        assert "ImportError: no such thing here" in " ".join(lines[broken + 1:broken + 3])

@@ -58,6 +58,12 @@ def test_damage_is_found_by_reason_and_repaired_with_exact_usage(tmp_path: Path)
     path[long_key].write_bytes(bytes(header))
     stray = path[keys[4]].parent / "not-a-block.txt"
     stray.write_bytes(os.urandom(50))
+    blocks_dir = path[keys[4]].parent.parent
+    copied = path[keys[5]].with_name(path[keys[5]].name[:-1] + "0")  # a user's copy
+    shutil.copyfile(path[keys[5]], copied)
+    (blocks_dir / "README").write_bytes(os.urandom(10))
+    others = sorted([f"{stray.parent.name}/{stray.name}", f"{copied.parent.name}/{copied.name}",
+                     "README"])
     expected = {keys[0].hex(): "foreign", keys[1].hex(): "checksum",
                 keys[2].hex(): "truncated", keys[3].hex(): "missing", None: "header"}
     config = fs_config(tmp_path / "c.json", str(root), CAP)
@@ -70,6 +76,9 @@ def test_damage_is_found_by_reason_and_repaired_with_exact_usage(tmp_path: Path)
                                "header": 1}
     assert ns["checked"] == 21 and not any(b["removed"] for b in ns["bad"])
     assert _bad(json.loads(done.stdout), fp_b)["ok"]  # the other model's: checked, good
+    (note,) = ns["notes"]  # every entry the tier did not write, named
+    assert note.startswith(f"3 entries in {blocks_dir} that this tier did not write: ")
+    assert all(name in note for name in others) and "left alone" in note
     assert path[keys[1]].read_bytes() == bytes(flipped)  # without --repair: untouched
 
     done = kvtiers("verify", config, "--repair", "--json")
@@ -80,7 +89,8 @@ def test_damage_is_found_by_reason_and_repaired_with_exact_usage(tmp_path: Path)
     human = kvtiers("verify", config)
     assert human.returncode == 0, human.stdout + human.stderr
     assert "every block is good" in human.stdout
-    assert stray.exists()  # not ours to delete
+    assert "3 entries in" in human.stdout  # reported on every run, never removed
+    assert stray.exists() and copied.exists() and (blocks_dir / "README").exists()
 
     a = open_tier(context(model="model-a"), root, 200)
     try:

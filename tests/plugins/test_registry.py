@@ -223,6 +223,10 @@ def test_unknown_name_suggests_and_lists_installed(fake_plugins: FakePlugins) ->
 
     with pytest.raises(UnknownNameError, match="did you mean 'lru'"):
         reg.get_policy("lur")
+    # a name in another case is still meant: "LRU" is "lru", "SIEV" is "sieve"
+    for typed, meant in (("LRU", "lru"), ("Arc", "arc"), ("SIEV", "sieve")):
+        with pytest.raises(UnknownNameError, match=f"did you mean '{meant}'"):
+            reg.get_policy(typed)
     with pytest.raises(UnknownNameError) as info:
         reg.get_tier("zzzzzz")
     assert "did you mean" not in str(info.value)

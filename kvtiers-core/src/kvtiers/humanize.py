@@ -1,6 +1,10 @@
-"""Numbers for people: byte counts in binary units."""
+"""Words and numbers for people: byte counts in binary units, the name a typo
+was probably meant to be."""
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 _UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -19,3 +23,17 @@ def format_bytes(n: int) -> str:
     # Integer arithmetic: any int prints (a float overflows past 10^308).
     tenths = (abs(n) * 10 + 1024**unit // 2) // 1024**unit
     return f"{sign}{tenths // 10}.{tenths % 10} {_UNITS[unit]}"
+
+
+def closest_name(word: str, choices: Iterable[str]) -> str | None:
+    """The choice `word` most likely meant, or None: a name that differs only in
+    case ("LRU" for "lru") first, else the closest by spelling."""
+    names = list(choices)
+    folded = {name.casefold(): name for name in names}
+    if word.casefold() in folded:
+        return folded[word.casefold()]
+    close = difflib.get_close_matches(word, names, n=1)
+    if not close:
+        close = difflib.get_close_matches(word.casefold(), list(folded), n=1)
+        close = [folded[close[0]]] if close else []
+    return close[0] if close else None

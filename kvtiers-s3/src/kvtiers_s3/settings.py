@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtiers.errors import ConfigError, ConfigProblem
+from kvtiers.sdk import credential_values, scrub
 
 from kvtiers_s3.schema import OBJ_SCHEMA, S3_SCHEMA
 
@@ -29,15 +30,6 @@ __all__ = ["LayoutSettings", "S3Settings", "scrub", "settings_from_obj", "settin
 
 #: fsspec protocols that s3fs serves (buckets follow S3's naming rules)
 S3_PROTOCOLS = frozenset({"s3", "s3a"})
-REDACTED = "***"
-MIN_SECRET_CHARS = 4
-
-# Option names that hold credentials, in any fsspec filesystem's options.
-_SECRET_NAME = re.compile(
-    r"^(key|secret|token)$|secret|token|passw|credential|access_key|account_key|"
-    r"sas|connection_string|private",
-    re.IGNORECASE,
-)
 # S3's bucket naming rules (the strict, virtual-host-compatible ones).
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -108,26 +100,6 @@ class S3Settings:
         return scrub(text, self.secrets)
 
 
-def scrub(text: str, secrets: tuple[str, ...] | list[str]) -> str:
-    """`text` with every secret value replaced by `***` (longest first, so a secret
-    that contains another is removed whole). Values shorter than `MIN_SECRET_CHARS`
-    are left alone: no real credential is that short, and replacing every "s" would
-    leave nothing readable."""
-    for value in sorted(secrets, key=len, reverse=True):
-        if len(value) >= MIN_SECRET_CHARS:
-            text = text.replace(value, REDACTED)
-    return text
-
-
-def find_secrets(options: Any, name: str = "") -> list[str]:
-    """Every string held under a credential-looking name, at any depth."""
-    if isinstance(options, Mapping):
-        return [s for k, v in options.items() for s in find_secrets(v, str(k))]
-    if isinstance(options, (list, tuple)):
-        return [s for v in options for s in find_secrets(v, name)]
-    if isinstance(options, str) and options and _SECRET_NAME.search(name):
-        return [options]
-    return []
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -195,7 +167,7 @@ def settings_from_s3(options: Mapping[str, Any]) -> S3Settings:
     elif not root and protocol != "memory":
         raise ConfigError(ConfigProblem("$.url", f"s3 tier: {options['url']!r} names no path"))
     return S3Settings(protocol=protocol, root=root, storage_options=storage,
-                      secrets=tuple(dict.fromkeys(find_secrets(storage))), **_common(options))
+                      secrets=tuple(credential_values(storage)), **_common(options))
 
 
 def settings_from_obj(options: Mapping[str, Any]) -> S3Settings:
@@ -239,4 +211,4 @@ def settings_from_obj(options: Mapping[str, Any]) -> S3Settings:
     if client:
         storage["client_kwargs"] = client
     return S3Settings(protocol="s3", root=root, storage_options=storage,
-                      secrets=tuple(dict.fromkeys(find_secrets(storage))), **_common(options))
+                      secrets=tuple(credential_values(storage)), **_common(options))

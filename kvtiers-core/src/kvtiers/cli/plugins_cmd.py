@@ -83,17 +83,65 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(listing, indent=2))
         return status
     from rich.console import Console
+
+    console = Console()
+    if console.width >= WIDE:
+        console.print(_table(listing))
+    else:
+        console.print(_stacked(listing, console.width), highlight=False)
+    return status
+
+
+#: from this many columns on, the listing is one table; narrower, each entry's
+#: description goes under its line (names and versions are never cut)
+WIDE = 110
+
+
+def _table(listing: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title="kvtiers plugins", show_lines=False)
-    for col in ("name", "kind", "distribution", "version", "status", "description / error"):
-        table.add_column(col, overflow="fold")
+    for col in ("name", "kind", "distribution", "version", "status"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("description / error", overflow="fold")
     for r in listing:
-        detail = r["error"] if r["status"] == "error" else r["description"]
-        mark = "[green]ok[/]" if r["status"] == "ok" else "[red]error[/]"
-        table.add_row(r["name"], r["kind"], r["distribution"], r["version"], mark, detail or "")
-    Console().print(table)
-    return status
+        table.add_row(r["name"], r["kind"], r["distribution"], r["version"], _mark(r),
+                      _detail(r))
+    return table
+
+
+def _stacked(listing: list[dict[str, Any]], width: int) -> str:
+    """The listing for a narrow terminal: a line per entry (name, kind, where from,
+    status), its description wrapped below it, indented."""
+    import textwrap
+
+    from rich.markup import escape
+
+    name_w = max(len(r["name"]) for r in listing) if listing else 0
+    kind_w = max(len(r["kind"]) for r in listing) if listing else 0
+    lines = [f"[bold]kvtiers plugins[/] ({len(listing)})"]
+    for r in listing:
+        origin = f"{r['distribution']} {r['version']}"
+        head = f"{r['name']:<{name_w}}  {r['kind']:<{kind_w}}  {origin}  {r['status']}"
+        detail = _detail(r)
+        if len(head) <= width:
+            lines.append(f"{escape(r['name']):<{name_w}}  {r['kind']:<{kind_w}}  "
+                         f"{escape(origin)}  {_mark(r)}")
+        else:  # where it comes from starts the text below
+            lines.append(f"{escape(r['name'])}  {r['kind']}  {_mark(r)}")
+            detail = f"{origin}: {detail}"
+        wrapped = textwrap.wrap(detail, width=max(20, width - 5))
+        lines += [f"    {escape(line)}" for line in wrapped]
+    return "\n".join(lines)
+
+
+def _mark(row: dict[str, Any]) -> str:
+    return "[green]ok[/]" if row["status"] == "ok" else "[red]error[/]"
+
+
+def _detail(row: dict[str, Any]) -> str:
+    text = row["error"] if row["status"] == "error" else row["description"]
+    return str(text or "")
 
 
 def _options(registry: Registry, name: str, as_json: bool) -> int:

@@ -7,7 +7,6 @@ unknown key's closest allowed name, and the missing key's meaning.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -18,6 +17,7 @@ from jsonschema.exceptions import ValidationError
 from kvtiers.config.paths import PathParts, join, rename
 from kvtiers.config.schema import is_tier_array_schema, is_tier_schema, properties
 from kvtiers.errors import ConfigProblem
+from kvtiers.humanize import closest_name
 
 _SHOW_LIMIT = 60
 
@@ -84,8 +84,8 @@ def found(value: Any) -> str:
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """` (did you mean "x"?)` or ``."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f' (did you mean "{close[0]}"?)' if close else ""
+    close = closest_name(word, choices)
+    return f' (did you mean "{close}"?)' if close is not None else ""
 
 
 def describe(schema: Any) -> str:

@@ -19,6 +19,34 @@ from kvtiers.errors import ConfigProblem
 
 # The largest integer any option takes (hash_seed is a 64-bit unsigned seed).
 MAX_INTEGER = 2**64 - 1
+#: Python converts at most 4300 digits (and says to change an interpreter setting);
+#: longer integers are parsed as `LongInteger`
+MAX_DIGITS = 4300
+
+
+class LongInteger(int):
+    """What JSON's integer of more than `MAX_DIGITS` digits parses to: a stand-in
+    too large for any option (10**100, sign kept: printable, unlike the number
+    written) that remembers how many digits were written, so the refusal names
+    the option by its path and says how long the number was."""
+
+    digits: int
+
+    def __new__(cls, text: str) -> LongInteger:
+        sign = -1 if text.startswith("-") else 1
+        self = super().__new__(cls, sign * 10**100)
+        self.digits = len(text.lstrip("-"))
+        return self
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+    __str__ = __repr__
+
+
+def parse_integer(text: str) -> int:
+    """JSON's integer: an int, or a `LongInteger` past Python's conversion limit."""
+    return int(text) if len(text) <= MAX_DIGITS else LongInteger(text)
 
 
 def number_problems(value: Any, path: str) -> list[ConfigProblem]:
@@ -45,7 +73,11 @@ def number_problems(value: Any, path: str) -> list[ConfigProblem]:
 
 def _too_large(n: int) -> str:
     # str() of an int past 4300 digits raises (CPython's guard); 13000 bits is below it.
-    digits = len(str(abs(n))) if n.bit_length() < 13000 else "thousands of"
+    digits: int | str
+    if isinstance(n, LongInteger):
+        digits = n.digits
+    else:
+        digits = len(str(abs(n))) if n.bit_length() < 13000 else "thousands of"
     return (
         f"an integer of {digits} digits is too large: options take integers up to "
         f"2**64 - 1 ({MAX_INTEGER})"

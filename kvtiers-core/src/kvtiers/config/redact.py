@@ -1,19 +1,61 @@
 """Credentials out of what kvtiers prints: options a schema marks `"writeOnly":
 true` (JSON Schema's word for "never returned") become `***` in every rendering of
 a config - `kvtiers validate`'s summary, `--show` and `--json`, and the config
-`kvtiers bench --json` records. Imports no tier code."""
+`kvtiers bench --json` records. Imports no tier code.
+
+Free-form options no schema describes (fsspec's `storage_options`, a client's
+keyword arguments) are recognised by name instead: `credential_values(options)`
+collects every string held under a credential-looking name (key, secret, token,
+password, ... at any depth) and `scrub(text, values)` blanks each one in a message.
+An endpoint URL, a region or a bucket stays readable: a user needs them to act on
+the message."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvtiers.config.schema import TIER_MARK, TIER_MARK_VALUE, properties
 from kvtiers.plugins.registry import Registry
 
-__all__ = ["REDACTED", "is_secret", "redact", "redact_config", "redact_section"]
+__all__ = ["REDACTED", "credential_values", "is_secret", "redact", "redact_config",
+           "redact_section", "scrub"]
 
 REDACTED = "***"
+#: a shorter value is no credential, and blanking it would leave nothing readable
+MIN_SECRET_CHARS = 4
+
+# Option names that hold credentials, in any fsspec filesystem's or client's options.
+_SECRET_NAME = re.compile(
+    r"^(key|secret|token)$|secret|token|passw|credential|access_key|account_key|"
+    r"sas|connection_string|private",
+    re.IGNORECASE,
+)
+
+
+def credential_values(options: Any, name: str = "") -> list[str]:
+    """Every string held under a credential-looking name in `options` (mappings
+    and lists at any depth), in order, without repeats."""
+    found: list[str] = []
+    if isinstance(options, Mapping):
+        for k, v in options.items():
+            found += credential_values(v, str(k))
+    elif isinstance(options, (list, tuple)):
+        for v in options:
+            found += credential_values(v, name)
+    elif isinstance(options, str) and options and _SECRET_NAME.search(name):
+        found.append(options)
+    return list(dict.fromkeys(found))
+
+
+def scrub(text: str, values: Iterable[str]) -> str:
+    """`text` with each of `values` replaced by `***`, longest first (a secret that
+    contains another goes whole); values shorter than `MIN_SECRET_CHARS` stay."""
+    for value in sorted(values, key=len, reverse=True):
+        if len(value) >= MIN_SECRET_CHARS:
+            text = text.replace(value, REDACTED)
+    return text
 
 
 def is_secret(schema: Any) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvtiers.config.numbers import parse_integer
 from kvtiers.config.paths import ROOT
 from kvtiers.errors import ConfigError, ConfigProblem
 
@@ -91,7 +92,8 @@ def parse_json(text: str, origin: str) -> Any:
 
     where = "inline JSON" if origin == INLINE else origin
     try:
-        data = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        data = json.loads(text, object_pairs_hook=pairs, parse_constant=constant,
+                          parse_int=parse_integer)
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"invalid JSON in {where} at line {exc.lineno}, column {exc.colno}: {exc.msg}"

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtiers.config.redact import credential_values, scrub
 from kvtiers.contract.keys import BlockKey
 from kvtiers.contract.namespace import BlockGeometry, Namespace
 from kvtiers.errors import KvtiersError, MissingExtraError
@@ -226,12 +227,10 @@ def _options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def describe_error(exc: BaseException, options: Mapping[str, Any] | None) -> str:
-    """What went wrong: the exception's type and message, with every string value
-    of `options` (a secret, a token) blanked should the message repeat one."""
-    text = str(exc).strip() or "no details"
-    for value in (options or {}).values():
-        if isinstance(value, str) and len(value) >= 4:
-            text = text.replace(value, "***")
+    """What went wrong: the exception's type and message, with every credential in
+    `options` (a secret, a token, a password: by name, at any depth) blanked should
+    the message repeat one; an endpoint URL or a region stays readable."""
+    text = scrub(str(exc).strip() or "no details", credential_values(options or {}))
     return f"{type(exc).__name__}: {text[:300]}"
 
 

@@ -18,7 +18,6 @@ built-ins are always loaded.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.metadata as md
 import os
@@ -30,6 +29,7 @@ from typing import Any, Generic, TypeVar
 import pluggy
 
 from kvtiers.errors import PluginError, UnknownNameError
+from kvtiers.humanize import closest_name
 from kvtiers.plugins import hookspecs
 from kvtiers.plugins.records import (
     AdmissionRecord,
@@ -191,9 +191,9 @@ def unknown_name_message(
     a hint about plugins that failed to load."""
     installed = sorted(table)
     msg = f"unknown {kind} {name!r}"
-    close = difflib.get_close_matches(name, installed, n=1)
-    if close:
-        msg += f" (did you mean {close[0]!r}?)"
+    close = closest_name(name, installed)
+    if close is not None:
+        msg += f" (did you mean {close!r}?)"
     plural = "policies" if kind == "policy" else f"{kind}s"
     msg += f"; installed {plural}: {', '.join(installed) or '(none)'}"
     broken = sorted({f.plugin for f in failures if f.name is None})

@@ -28,6 +28,8 @@ fragments) and `kvtiers.errors`, and nothing else of the core (its tests add
   `probed_lookup`: the whole lookup of such a tier (held, else probed, else MISS).
 - checksums (`kvtiers.sdk.integrity`): `checksum`, `verify`, and `checksum_slots` /
   `land_slots` for many pool slots in one call.
+- `credential_values(options)` / `scrub(text, values)` (`kvtiers.config.redact`):
+  the credentials in free-form options (by name), blanked in a message.
 - `resolve_options` (`kvtiers.config.options`): a hand-written section checked
   against the tier's schema, defaults filled in; `EvictionPolicy`, the interface of
   what `TierContext.make_policy` builds; `AdmissionPolicy`, the interface of an
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from kvtiers.admission.base import AdmissionPolicy
 from kvtiers.config.options import resolve_options
+from kvtiers.config.redact import credential_values, scrub
 from kvtiers.contract import (
     ALIGN,
     CONTRACT_VERSION,
@@ -182,6 +185,7 @@ __all__ = [
     "checksum_bytes",
     "checksum_slots",
     "create_tier",
+    "credential_values",
     "format_bytes",
     "key_group",
     "key_hash",
@@ -193,6 +197,7 @@ __all__ = [
     "resolve_options",
     "round_up",
     "run_off_loop",
+    "scrub",
     "type_name",
     "verify",
 ]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 
 from kvtiers.sdk import BadBlock, BlockKey, NamespaceInventory, Progress, VerifyReport, checksum
 
@@ -97,13 +96,32 @@ def _check(store: RootStore, idn: Ident, size: int, key: BlockKey | None) -> tup
         os.close(shard)
 
 
-def _unindexed_names(store: RootStore) -> Iterator[Ident]:
-    """Idents of the block files in the shard directories (never following links)."""
+class _Listing:
+    """What the blocks directory holds besides the index: the block files by name
+    (`idents`), and every other entry (`others`: names the layout does not write,
+    block names in a shard that is not theirs, anything that is not a shard
+    directory), as paths relative to the blocks directory. A writer's temporary
+    file (`.IDENT.WRITER.tmp`) is the tier's own and in neither."""
+
+    __slots__ = ("idents", "others")
+
+    def __init__(self) -> None:
+        self.idents: list[Ident] = []
+        self.others: list[str] = []
+
+
+def _list_blocks(store: RootStore) -> _Listing:
+    """The blocks directory's entries, never following links."""
+    out = _Listing()
     for shard in sorted(os.listdir(store.blocks_fd)):
+        if not (len(shard) == 3 and layout.is_lower_hex(shard)):
+            out.others.append(shard)
+            continue
         try:
             fd = layout.open_dir(shard, store.blocks_fd)
         except OSError:
-            continue  # not a directory of ours
+            out.others.append(shard)  # a link or a file at a shard's name: not ours
+            continue
         try:
             names = os.listdir(fd)
         finally:
@@ -111,7 +129,19 @@ def _unindexed_names(store: RootStore) -> Iterator[Ident]:
         for name in sorted(names):
             idn = layout.parse_block_name(name)
             if idn is not None and layout.shard_of(idn) == shard:
-                yield idn
+                out.idents.append(idn)
+            elif layout.parse_tmp_name(name) is None:
+                out.others.append(f"{shard}/{name}")
+    return out
+
+
+def _others_note(store: RootStore, others: list[str]) -> str:
+    shown = ", ".join(others[:3]) + (f", ... ({len(others) - 3} more)" if len(others) > 3
+                                      else "")
+    where = os.path.join(store.root, store.fingerprint, "blocks")
+    return (f"{len(others)} entr{'y' if len(others) == 1 else 'ies'} in {where} that this "
+            f"tier did not write: {shown}; left alone (remove them yourself if they are "
+            "not needed)")
 
 
 def verify_root(store: RootStore, tier: str, file_bytes: int, *, repair: bool,
@@ -146,16 +176,21 @@ def verify_root(store: RootStore, tier: str, file_bytes: int, *, repair: bool,
 
     for idn, rec in named.items():
         one(idn, rec.size, rec.key)
+    listing = _list_blocks(store)
     stray = 0  # the blocks the index cannot name, and files it does not list
-    for idn in _unindexed_names(store):
+    for idn in listing.idents:
         if idn in named:
             continue
         if store.contains(idn):
             one(idn, file_bytes, None)
         else:
             stray += 1
-    notes = (f"{stray} block file(s) not in the index: left alone (a live writer's "
-             "block not committed yet, or a file that is not ours)",) if stray else ()
+    notes: tuple[str, ...] = ()
+    if stray:
+        notes += (f"{stray} block file(s) not in the index: left alone (a live writer's "
+                  "block not committed yet, or a file that is not ours)",)
+    if listing.others:
+        notes += (_others_note(store, listing.others),)
     return VerifyReport(tier, store.fingerprint, store.root, result.done, tuple(result.bad),
                         result.vanished, result.removed_bytes, notes)
 
