@@ -76,10 +76,15 @@ def test_vllm_config_warnings_go_to_stderr_and_json_is_a_kvtiers_config() -> Non
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [
         "warning: $.kv_connector_extra_config.block_size: ignored, kvtiers has no use for it",
-        "warning: $.kv_connector_extra_config.secondary_tiers[0].n_read_threads: ignored, "
-        'kvtiers has no use for it (did you mean "threads"?)',
-        "warning: $.kv_connector_extra_config.secondary_tiers[0].n_write_threads: ignored, "
-        'kvtiers has no use for it (did you mean "threads"?)',
+        "warning: $.kv_connector_extra_config.secondary_tiers[0].tier.n_read_threads: "
+        'ignored, kvtiers has no use for it (did you mean "threads"?)',
+        "warning: $.kv_connector_extra_config.secondary_tiers[0].tier.n_write_threads: "
+        'ignored, kvtiers has no use for it (did you mean "threads"?)',
+        'note: $.kv_connector_extra_config.spec_name: under "TieringOffloadingSpec" vLLM runs '
+        'this stack with its own code: its CPU tier; kvtiers runs secondary_tiers[0] '
+        '("kvtiers", through kvtiers-vllm). To let kvtiers run the CPU pool too, set '
+        '"spec_name": "KvtiersOffloadingSpec" (kvtiers-vllm: kvtiers runs the CPU pool and '
+        "every tier).",
     ]
     resolved = json.loads(done.stdout)
     assert resolved["cpu_bytes_to_use"] == 2 * GiB
@@ -97,6 +102,10 @@ def test_warnings_are_printed_with_errors_too() -> None:
     done = kvtiers("validate", json.dumps(doc))
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
+        'warning: $.secondary_tiers[0].type: vLLM has no "memory" tier (its own: example, fs, '
+        'kvcr, obj, p2p): under "TieringOffloadingSpec" vLLM refuses this entry ("Unknown '
+        'secondary tier type"); write it as {"type": "kvtiers", "tier": {"type": "memory", '
+        "...}}",
         "warning: $.secondary_tiers[0].capacity_byte: ignored, kvtiers has no use for it "
         '(did you mean "capacity_bytes"?)',
         "error: $.secondary_tiers[0].capacity_bytes: missing; expected an integer >= 1 (RAM the "
@@ -182,11 +191,13 @@ def test_notes_are_printed_with_errors_too() -> None:
     done = kvtiers("validate", "--skip-machine-checks", json.dumps(doc))
     assert done.returncode == 2
     err = done.stderr.splitlines()
-    assert err[0].startswith(
+    assert err[0].startswith('note: $.kv_connector_extra_config.spec_name: under '
+                             '"TieringOffloadingSpec" vLLM runs this stack with its own code')
+    assert err[1].startswith(
         "note: $.kv_connector_extra_config.secondary_tiers[0].capacity_bytes: not set (vLLM's "
         "tier section has no such key); derived where this config is loaded with machine checks"
     )
-    assert err[1].startswith('error: $.kv_connector_extra_config.cpu_bytes_to_use: expected ')
+    assert err[2].startswith('error: $.kv_connector_extra_config.cpu_bytes_to_use: expected ')
 
 
 def test_the_crashes_an_operator_found_are_clear_errors() -> None:
@@ -209,3 +220,47 @@ def test_skip_machine_checks_help_says_what_it_skips() -> None:
     done = kvtiers("validate", "--help")
     text = " ".join(done.stdout.split())
     assert "its memory, each tier's directories and their filesystems" in text
+
+
+def test_a_vllm_config_says_which_system_runs_which_tier(tmp_path: Path) -> None:
+    """Under vLLM's own tiering spec vLLM runs its own fs tier: the summary must not
+    read as if vLLM enforced kvtiers' capacity; a tier vLLM does not have is
+    refused by vLLM, so validate warns; the ways to run kvtiers' tiers are named."""
+    extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": GiB,
+             "secondary_tiers": [
+                 {"type": "fs", "root_dir": str(tmp_path), "n_write_threads": 2},
+                 {"type": "kvtiers", "tier": {"type": "fs", "root_dir": str(tmp_path / "b"),
+                                              "capacity_bytes": GiB}},
+                 {"type": "memory", "capacity_bytes": GiB}]}
+    doc = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+           "kv_connector_extra_config": extra}
+    (tmp_path / "b").mkdir()
+    done = kvtiers("validate", json.dumps(doc))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert ("  runs under       vLLM's TieringOffloadingSpec: vLLM's own CPU tier, and vLLM's "
+            "own tiers where marked below (kvtiers' reading of their options is not what vLLM "
+            "enforces: see the note)") in out
+    first = out.index(next(line for line in out if line.startswith("    0. fs ")))
+    assert out[first + 1] == ("       vLLM runs its own 'fs' tier here, not kvtiers': the "
+                              "options above are kvtiers' reading")
+    assert out[first + 3] == "       kvtiers runs this tier, below vLLM's CPU tier"
+    err = done.stderr
+    base = "$.kv_connector_extra_config"
+    assert (f'warning: {base}.secondary_tiers[2].type: vLLM has no "memory" tier (its own: '
+            'example, fs, kvcr, obj, p2p): under "TieringOffloadingSpec" vLLM refuses this '
+            'entry ("Unknown secondary tier type"); write it as {"type": "kvtiers", "tier": '
+            '{"type": "memory", ...}}') in err
+    (note,) = [line for line in err.splitlines() if line.startswith(f"note: {base}.spec_name")]
+    assert "its own tier for secondary_tiers[0] (\"fs\")" in note
+    assert "kvtiers' capacity_bytes, verified hits and warm restart do not apply" in note
+    assert "kvtiers runs secondary_tiers[1] (\"kvtiers\", through kvtiers-vllm)" in note
+    assert '{"type": "kvtiers", "tier": {"type": "fs", ...}}' in note
+    assert '"spec_name": "KvtiersOffloadingSpec"' in note
+    # under kvtiers-vllm's spec kvtiers runs everything: no such note, no marks
+    extra["spec_name"] = "KvtiersOffloadingSpec"
+    done = kvtiers("validate", json.dumps(doc))
+    assert done.returncode == 0, done.stderr
+    assert ("  runs under       vLLM's KvtiersOffloadingSpec: kvtiers runs the CPU pool and "
+            "every tier") in done.stdout.splitlines()
+    assert "vLLM runs its own" not in done.stdout and "spec_name: under" not in done.stderr

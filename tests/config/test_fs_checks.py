@@ -57,7 +57,11 @@ def test_the_pr46216_config_is_accepted_verbatim_for_its_machine() -> None:
     [tier] = cfg.secondary_tiers
     assert tier.type == "fs" and tier.options["root_dir"] == "/mnt/nvme_storage"
     assert cfg.cpu_bytes_to_use == 400 << 30 and cfg.eviction_policy == "lru"
-    assert cfg.notes == (
+    assert cfg.vllm_runs == (0,) and cfg.vllm_spec == "TieringOffloadingSpec"
+    assert cfg.notes[0].startswith(
+        '$.kv_connector_extra_config.spec_name: under "TieringOffloadingSpec" vLLM runs this '
+        'stack with its own code: its CPU tier, and its own tier for secondary_tiers[0] ("fs")')
+    assert cfg.notes[1:] == (
         f"{TIER}.capacity_bytes: not set (vLLM's tier section has no such key); derived where "
         "this config is loaded with machine checks: 90% of the space free on each root's "
         "filesystem (plus what kvtiers blocks already hold there), never more than its size",

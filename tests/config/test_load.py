@@ -221,3 +221,4 @@ def test_the_examples_validate() -> None:
     vllm = load_config(REPO / "examples" / "vllm_kv_transfer_config.json")
     assert vllm.source_format == "vllm_kv_transfer_config"
     assert [t.type for t in vllm.secondary_tiers] == ["memory"]
+    assert vllm.vllm_spec == "TieringOffloadingSpec" and vllm.vllm_runs == ()

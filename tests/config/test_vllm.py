@@ -46,6 +46,10 @@ def test_whole_kv_transfer_config(load) -> None:
     assert dict(tier.options["threads"]) == {"load": 8, "store": 3}
     assert "n_read_threads" not in tier.options
     assert cfg.warnings == (
+        '$.kv_connector_extra_config.secondary_tiers[0].type: vLLM has no "disk" tier (its '
+        'own: example, fs, kvcr, obj, p2p): under "TieringOffloadingSpec" vLLM refuses this '
+        'entry ("Unknown secondary tier type"); write it as {"type": "kvtiers", "tier": '
+        '{"type": "disk", ...}}',
         "$.kv_connector_extra_config.block_size: ignored, kvtiers has no use for it",
         "$.kv_connector_extra_config.secondary_tiers[0].enable_kv_events: ignored, kvtiers has "
         "no use for it",
@@ -56,7 +60,7 @@ def test_extra_config_alone(load) -> None:
     cfg = load(EXTRA)
     assert cfg.source_format == VLLM_EXTRA
     assert cfg.secondary_tiers[0].path == "$.secondary_tiers[0]"
-    assert cfg.warnings[0] == "$.block_size: ignored, kvtiers has no use for it"
+    assert cfg.warnings[1] == "$.block_size: ignored, kvtiers has no use for it"
     assert cfg.to_dict() == load(TRANSFER).to_dict()
 
 
@@ -227,6 +231,6 @@ def test_the_vllm_example_loads_with_named_warnings() -> None:
     assert cfg.cpu_bytes_to_use == 2 * GiB
     assert [w.split(":")[0] for w in cfg.warnings] == [
         "$.kv_connector_extra_config.block_size",
-        "$.kv_connector_extra_config.secondary_tiers[0].n_read_threads",
-        "$.kv_connector_extra_config.secondary_tiers[0].n_write_threads",
+        "$.kv_connector_extra_config.secondary_tiers[0].tier.n_read_threads",
+        "$.kv_connector_extra_config.secondary_tiers[0].tier.n_write_threads",
     ]

@@ -21,6 +21,7 @@ from kvtiers.config import KvtiersConfig, TierSection
 from kvtiers.config.model import thaw
 from kvtiers.config.redact import redact, redact_config
 from kvtiers.config.schema import properties
+from kvtiers.config.vllm import TIERING_SPEC
 from kvtiers.errors import ConfigError
 from kvtiers.humanize import format_bytes
 from kvtiers.plugins.registry import Registry
@@ -123,12 +124,26 @@ def summary(config: KvtiersConfig, registry: Registry) -> str:
         f"  cascades         {_queue(config.cascade_queue_blocks)}"
         + ("; only verifying tiers" if config.require_verified_tiers else ""),
     ]
+    if config.vllm_spec == TIERING_SPEC:
+        lines.append(f"  runs under       vLLM's {TIERING_SPEC}: vLLM's own CPU tier, and "
+                     + ("vLLM's own tiers where marked below (kvtiers' reading of their "
+                        "options is not what vLLM enforces: see the note)"
+                        if config.vllm_runs else "kvtiers' tiers below it"))
+    elif config.vllm_spec is not None:
+        lines.append(f"  runs under       vLLM's {config.vllm_spec}: kvtiers runs the CPU "
+                     "pool and every tier")
     if not config.secondary_tiers:
         lines.append("  secondary tiers  none (the CPU pool only)")
     else:
         lines.append(f"  secondary tiers  {len(config.secondary_tiers)}, searched in this order:")
         for i, tier in enumerate(config.secondary_tiers):
-            lines.extend(_tier_lines(tier, registry, f"    {i}. ", "       "))
+            tier_lines = _tier_lines(tier, registry, f"    {i}. ", "       ")
+            if i in config.vllm_runs:
+                tier_lines.insert(1, f"       vLLM runs its own {tier.type!r} tier here, not "
+                                     "kvtiers': the options above are kvtiers' reading")
+            elif config.vllm_spec == TIERING_SPEC:
+                tier_lines.insert(1, "       kvtiers runs this tier, below vLLM's CPU tier")
+            lines.extend(tier_lines)
             if tier.admission != "all" or tier.admission_options:
                 lines.append(f"       admission: {_admission(tier, registry)}")
     return "\n".join(lines)

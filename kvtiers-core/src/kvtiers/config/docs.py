@@ -21,7 +21,7 @@ from kvtiers.config.schema import (
     is_tier_schema,
     properties,
 )
-from kvtiers.config.vllm import CONNECTORS, EXTRA_KEY, TIERING_SPEC
+from kvtiers.config.vllm import CONNECTORS, EXTRA_KEY, TIERING_SPEC, VLLM_TIER_TYPES
 from kvtiers.plugins.registry import Registry, load_registry
 
 # Named in the page only: the reader learns the spec from kvtiers-vllm's plugin
@@ -232,6 +232,19 @@ already hold there), never more than its size, and `kvtiers validate` states the
 figure in a note. A kvtiers config must set it.
 
 {table}
+
+Who runs what: kvtiers reads a vLLM config as a kvtiers stack, but which code runs
+it inside vLLM depends on the spec. Under `"spec_name": "{TIERING_SPEC}"` vLLM runs
+its own CPU tier and its own tier for every plain entry of `secondary_tiers`
+({", ".join(f"`{t}`" for t in sorted(VLLM_TIER_TYPES))}): what kvtiers says about
+such an entry (a derived `capacity_bytes`, verified hits, warm restart) is kvtiers'
+reading of the same options, not what vLLM enforces. `kvtiers validate` marks those
+entries ("vLLM runs its own 'fs' tier here") and says so in a note; a type vLLM
+does not have (`memory`, `s3`, `redis`, ...) gets a warning, since vLLM refuses it.
+To run kvtiers' tiers inside vLLM, install kvtiers-vllm (docs/vllm.md) and either
+write the entry as `{{"type": "kvtiers", "tier": {{"type": "fs", ...}}}}` (vLLM's
+CPU tier on top, kvtiers' tier below it), or set `"spec_name": "{KVTIERS_SPEC}"`
+(kvtiers runs the CPU pool and every tier).
 """
 
 

@@ -14,6 +14,7 @@ no tier code (and no torch).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kvtiers.config import machine, stack, vllm
@@ -115,8 +116,9 @@ def _load(source: ConfigSource, registry: Registry, check_machine: bool) -> Kvti
         raise ConfigRejected(
             _final(numbers, checker.problems, refused), checker.warnings, checker.notes
         )
-    return _build(doc, checker.warnings, document.origin, unwrapped.source_format,
-                  notes=checker.notes)
+    config = _build(doc, checker.warnings, document.origin, unwrapped.source_format,
+                    notes=checker.notes)
+    return dataclasses.replace(config, vllm_spec=unwrapped.spec, vllm_runs=unwrapped.vllm_runs)
 
 
 def _final(

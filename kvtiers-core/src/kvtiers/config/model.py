@@ -51,8 +51,10 @@ class KvtiersConfig:
     machine checks found worth saying, such as other models' data on a root),
     `source` (a file path,
     `<inline JSON>` or `<mapping>`) and `source_format` (`kvtiers`,
-    `vllm_kv_transfer_config` or `vllm_extra_config`) describe the loading and take
-    no part in equality."""
+    `vllm_kv_transfer_config` or `vllm_extra_config`) describe the loading, and so
+    do `vllm_spec` (the offloading spec a vLLM config names) and `vllm_runs` (the
+    `secondary_tiers` indices vLLM runs with its own tiers, under its tiering spec):
+    none takes part in equality."""
 
     cpu_bytes_to_use: int
     eviction_policy: str = default_of("eviction_policy")
@@ -70,6 +72,8 @@ class KvtiersConfig:
     notes: tuple[str, ...] = field(default=(), compare=False)
     source: str = field(default="<mapping>", compare=False)
     source_format: str = field(default="kvtiers", compare=False)
+    vllm_spec: str | None = field(default=None, compare=False)
+    vllm_runs: tuple[int, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a kvtiers JSON document, every default written out."""

@@ -145,7 +145,7 @@ class Checker:
                     join(path, "type"), f"expected a tier name (a string), found {found(name)}"
                 )
             return None
-        form = self._vllm_tier_form(raw) if self.vllm else None
+        form = self.vllm_tier_form(raw) if self.vllm else None
         if form is not None:
             return self._vllm_wrapper(form, raw, path, depth)
         try:
@@ -200,7 +200,7 @@ class Checker:
         options = self.section(record.schema, options, path, owner=f'admission "{name}"')
         return name, options
 
-    def _vllm_tier_form(self, raw: Mapping[str, Any]) -> Registered[VllmTierRecord] | None:
+    def vllm_tier_form(self, raw: Mapping[str, Any]) -> Registered[VllmTierRecord] | None:
         """The plugin's entry form `raw` is (`kvtiers_register_vllm_tiers`): by the
         short name it registers with vLLM, or by class and module."""
         name, module = raw.get("type"), raw.get("module_path")

@@ -50,6 +50,10 @@ CONNECTORS = frozenset({"OffloadingConnector"})
 # read (as vLLM's specs do): never warned about as "only that spec reads it".
 VLLM_EXTRA_KEYS = frozenset({"canonical_layout", "store_threshold", "max_tracker_size"})
 
+# The tier types vLLM's tiering spec builds itself (vLLM 0.33 and 0.34); a plugin
+# registers more (kvtiers-vllm: "kvtiers").
+VLLM_TIER_TYPES = frozenset({"example", "fs", "kvcr", "obj", "p2p"})
+
 # vLLM's own specs that are not a typo of ours (no "did you mean" for them).
 _OTHER_SPECS = frozenset({"CPUOffloadingSpec"})
 
@@ -95,11 +99,15 @@ _OWNER = "vLLM's kv_transfer_config"
 @dataclass(frozen=True)
 class Unwrapped:
     """The tiering options as a kvtiers document, the JSON path they sit at in the
-    source (for messages), and which format the source was."""
+    source (for messages), and which format the source was; for a vLLM config, the
+    spec vLLM builds and which `secondary_tiers` entries vLLM runs with its own tiers
+    (under its tiering spec: every entry no plugin's form wraps)."""
 
     doc: dict[str, Any]
     base: str
     source_format: str
+    spec: str | None = None
+    vllm_runs: tuple[int, ...] = ()
 
 
 def detect(doc: Mapping[str, Any]) -> str:
@@ -132,7 +140,78 @@ def unwrap(doc: dict[str, Any], checker: Checker) -> Unwrapped | None:
     _check_spec(extra, base, checker, specs)
     own = _check_spec_options(extra, base, checker, specs)
     native = {k: v for k, v in extra.items() if k not in _SPEC_KEYS and k not in own}
-    return Unwrapped(native, base, fmt)
+    spec = extra.get("spec_name")
+    runs: tuple[int, ...] = ()
+    if spec == TIERING_SPEC:
+        runs = _who_runs_what(native, base, checker)
+    return Unwrapped(native, base, fmt, spec if isinstance(spec, str) else None, runs)
+
+
+def _who_runs_what(doc: Mapping[str, Any], base: str, checker: Checker) -> tuple[int, ...]:
+    """A note for a config under vLLM's own tiering spec: vLLM runs its CPU tier and
+    its own tier for each plain entry, so what kvtiers reads from those options (a
+    capacity, verification, warm restart) is not what vLLM will do; kvtiers runs
+    only the entries a plugin's form wraps (kvtiers-vllm's `{"type": "kvtiers",
+    "tier": {...}}`). Says how to get kvtiers' tiers under vLLM. Returns the
+    indices of the entries vLLM runs itself."""
+    tiers = doc.get("secondary_tiers")
+    entries = tiers if isinstance(tiers, list) else []
+    vllms: list[str] = []
+    ours: list[str] = []
+    runs: list[int] = []
+    for i, raw in enumerate(entries):
+        if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+            continue
+        form = checker.vllm_tier_form(raw)
+        if form is None and raw["type"] not in VLLM_TIER_TYPES:
+            checker.warnings.append(
+                f"{join(base, 'secondary_tiers', i, 'type')}: vLLM has no {show(raw['type'])} "
+                f"tier (its own: {', '.join(sorted(VLLM_TIER_TYPES))}): under "
+                f'"{TIERING_SPEC}" vLLM refuses this entry ("Unknown secondary tier type")'
+                + (f"; write it as {_entry(checker, raw['type'])}" if checker.registry.vllm_tiers
+                   else "; install kvtiers-vllm to run kvtiers' tiers under vLLM"))
+            continue
+        if form is None:
+            runs.append(i)
+        (ours if form is not None else vllms).append(
+            f"secondary_tiers[{i}] ({show(raw['type'])}"
+            + (f", through {form.distribution})" if form is not None else ")"))
+    wrappers = [reg.distribution for reg in checker.registry.vllm_tiers.values()]
+    entry = _entry(checker, "fs") if wrappers else None
+    where = join(base, "spec_name")
+    text = f'under "{TIERING_SPEC}" vLLM runs this stack with its own code: its CPU tier'
+    if vllms:
+        text += (f", and its own tier for {', '.join(vllms)}. For "
+                 f"{'that entry' if len(vllms) == 1 else 'those entries'} this summary is "
+                 "kvtiers' reading of the same options, not what vLLM enforces: vLLM's "
+                 "tiers keep vLLM's rules (kvtiers' capacity_bytes, verified hits and warm "
+                 "restart do not apply to them)")
+    if ours:
+        text += f"; kvtiers runs {', '.join(ours)}"
+    text += ". "
+    ways = []
+    if entry is not None and vllms:
+        ways.append(f"write an entry as {entry} ({wrappers[0]}: vLLM's CPU tier on "
+                    "top, kvtiers' tier below it)")
+    for name, reg in sorted(checker.registry.vllm_specs.items())[:1]:
+        ways.append(f'set "spec_name": "{name}" ({reg.distribution}: kvtiers runs the CPU '
+                    "pool and every tier)")
+    if ways and not vllms:
+        text += "To let kvtiers run the CPU pool too, " + ways[0] + "."
+    elif ways:
+        text += "To run kvtiers' tiers under vLLM, " + ", or ".join(ways) + "."
+    elif vllms:
+        text += ("To run kvtiers' tiers under vLLM, install kvtiers-vllm (pip install "
+                 "kvtiers-vllm) and use its entry form or its spec.")
+    if vllms or ours:
+        checker.notes.append(f"{where}: {text.strip()}")
+    return tuple(runs)
+
+
+def _entry(checker: Checker, tier: str) -> str:
+    """A plugin's entry form wrapping kvtiers' tier `tier`, as JSON text."""
+    rec = next(iter(checker.registry.vllm_tiers.values())).record
+    return f'{{"type": {show(rec.name)}, "{rec.inner_key}": {{"type": {show(tier)}, ...}}}}'
 
 
 def plugin_specs(checker: Checker) -> dict[str, VllmSpecRecord]:
