@@ -6,6 +6,7 @@ real fs roots, real bench processes."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -270,3 +271,30 @@ def test_a_tier_without_an_order_gives_its_newest_first(tmp_path: Path) -> None:
         assert by == "stored_at" and set(ordered[:5]) == set(new)
     finally:
         tier.close()
+
+
+def test_bench_refuses_a_save_target_of_user_files_before_the_run(tmp_path: Path) -> None:
+    """--snapshot-save to a directory of other files: exit 2 before the run, the files
+    intact; to the snapshot of an earlier run: only with --snapshot-overwrite (or
+    when --snapshot-load names it)."""
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"cpu_bytes_to_use": 1024 * BENCH_BLOCK}))
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "sub" / "a.txt").write_text("a\n")
+    out = tmp_path / "out.json"
+    done = kvtiers("bench", "--config", str(config), *TINY, "--snapshot-save", str(victim),
+                   "--snapshot-overwrite", "--json", str(out), timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert str(victim) in done.stderr and "(sub)" in done.stderr, done.stderr[-3000:]
+    assert (victim / "sub" / "a.txt").read_text() == "a\n" and os.listdir(victim) == ["sub"]
+    assert not out.exists()  # refused before the run
+    snap = tmp_path / "pool.zarr"
+    mgr, pool = _stack(8)
+    try:
+        save_pool(mgr, pool, NS, str(snap))  # an empty pool's snapshot: a kvtiers one
+    finally:
+        mgr.close()
+    done = kvtiers("bench", "--config", str(config), *TINY, "--snapshot-save", str(snap),
+                   timeout=300)
+    assert done.returncode == 2 and "--snapshot-overwrite" in done.stderr, done.stderr[-3000:]

@@ -190,3 +190,48 @@ def test_a_cpu_pool_snapshot_through_s3(server: S3Server) -> None:
     finally:
         fresh.close()
         server.clear(url.split("/", 3)[3].rsplit("/", 1)[0] + "/")
+
+
+def test_a_prefix_of_other_objects_is_refused_and_a_snapshot_replaced_only_when_asked(
+        server: S3Server) -> None:
+    """The local rule on s3: a prefix holding other objects is left alone, a kvtiers
+    snapshot is replaced only with `overwrite` (completely: nothing of the old one
+    left, nothing staged left beside it), and a failed save leaves the old one."""
+    from kvtiers.ops.snapshot_store import SnapshotError, SnapshotReader
+
+    from .save_child import blocks, save
+
+    options = server.storage_options()
+    prefix = f"target-{uuid.uuid4().hex[:8]}"
+    url = f"s3://{server.bucket}/{prefix}/snap.zarr"
+    client = server.client()
+    client.put_object(Bucket=server.bucket, Key=f"{prefix}/mine/notes.txt", Body=b"mine")
+
+    def content() -> list[tuple[bytes, bytes]]:
+        reader = SnapshotReader(url, storage_options=options)
+        return [(k, bytes(d)) for chunk in reader.chunks() for k, _, d in chunk]
+
+    def fail() -> None:
+        raise RuntimeError("injected")
+
+    try:
+        with pytest.raises(SnapshotError, match="not a kvtiers snapshot"):
+            save(f"s3://{server.bucket}/{prefix}/mine", 1, 2, overwrite=True,
+                 storage_options=options)
+        assert _objects(server, prefix + "/") == [f"{prefix}/mine/notes.txt"]
+        save(url, 1, 40, storage_options=options)  # two chunks of rows
+        first = sorted(_objects(server, f"{prefix}/snap.zarr/"))
+        with pytest.raises(SnapshotError, match="already"):
+            save(url, 2, 3, storage_options=options)
+        with pytest.raises(RuntimeError):
+            save(url, 2, 3, overwrite=True, stop=fail, storage_options=options)
+        assert content() == blocks(1, 40)
+        save(url, 2, 3, overwrite=True, storage_options=options)
+        assert content() == blocks(2, 3)
+        now = _objects(server, prefix + "/")
+        assert set(first) - set(now)  # the old second chunk is gone
+        assert {k.split("/")[1] for k in now} == {"mine", "snap.zarr"}  # nothing staged
+        assert client.get_object(Bucket=server.bucket,
+                                 Key=f"{prefix}/mine/notes.txt")["Body"].read() == b"mine"
+    finally:
+        server.clear(prefix + "/")

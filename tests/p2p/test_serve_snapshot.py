@@ -6,6 +6,7 @@ is refused before the node serves."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -89,3 +90,31 @@ def test_a_node_saves_its_pool_and_a_fresh_node_starts_warm(
             if p.poll() is None:
                 p.kill()
                 p.communicate(timeout=60)
+
+
+def test_a_save_target_of_user_files_or_another_snapshot_is_refused_before_serving(
+        tmp_path: Path) -> None:
+    """`--snapshot-save` is checked when the node starts, not when it stops: a
+    directory of other files is refused (exit 2, named, left intact), and so is an
+    existing snapshot without `--snapshot-overwrite`."""
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "sub" / "a.txt").write_text("a\n")
+    proc, ready = _start(tmp_path, "victim", "--snapshot-save", str(victim),
+                         "--snapshot-overwrite")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err[-3000:]
+    assert str(victim) in err and "(sub)" in err and "Traceback" not in err
+    assert not ready.exists()
+    assert os.listdir(victim) == ["sub"] and (victim / "sub" / "a.txt").read_text() == "a\n"
+    from kvtiers.ops.snapshot_store import SnapshotWriter
+    from kvtiers.testing import make_namespace
+
+    snap = tmp_path / "snap"
+    with SnapshotWriter(str(snap), make_namespace("kvtiers-p2p-tests/model", BB), BB) as w:
+        w.close()  # an empty snapshot: a kvtiers one all the same
+    before = sorted(p.name for p in snap.rglob("*"))
+    proc, ready = _start(tmp_path, "again", "--snapshot-save", str(snap))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--snapshot-overwrite" in err, err[-3000:]
+    assert not ready.exists() and sorted(p.name for p in snap.rglob("*")) == before

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import secrets
 
-from kvtiers.ops.snapshot_store import describe_error
+from kvtiers.ops.snapshot_errors import describe_error
 from kvtiers.sdk import credential_values, scrub
 
 

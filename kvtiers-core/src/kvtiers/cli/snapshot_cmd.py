@@ -11,12 +11,14 @@ naming both. Exit 0; 1 when blocks failed (bad bytes in the snapshot, a tier tha
 refused them); 2 config or usage errors (printed by `kvtiers.cli.main`). Needs
 zarr: `kvtiers-core[snapshot]`.
 
-save writes a new snapshot beside URL and swaps it in only once complete, so a
-failure leaves what was there as it was. URL must be absent, an empty directory,
-or - with `--overwrite` - a kvtiers snapshot; a path that holds anything else (a
-file, a link, a directory of other files, a snapshot with files kvtiers did not
-write) is refused, exit 2, `--overwrite` or not (`kvtiers.ops.snapshot_target`).
-A `file://` URL is the same as the plain path.
+save never deletes or overwrites what kvtiers did not write: URL must be absent,
+an empty directory, or - with `--overwrite` - a kvtiers snapshot; a path that holds
+anything else (a file, a link, a directory of other files, a snapshot with files
+kvtiers did not write) is refused before any work, exit 2, `--overwrite` or not,
+naming the path and what it holds. The new snapshot is written whole (and synced)
+in a staging directory and put in place only then, so a failure or a kill leaves
+an old snapshot as it was (`kvtiers.ops.snapshot_target`). A `file://` URL is the
+same as the plain path; `~` is the home directory.
 
 Remote stores take fsspec's storage options: `--storage-option KEY=VALUE`
 (repeatable; VALUE read as JSON when it parses, else a string), or, for
@@ -60,7 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(action, help=what, description=what)
         p.add_argument("config", metavar="CONFIG", help="a kvtiers config (file or JSON)")
         p.add_argument("url", metavar="URL",
-                       help="the snapshot: a directory or an fsspec URL (s3://, memory://)")
+                       help="the snapshot: a directory (a path, ~/..., file://...) or an "
+                       "fsspec URL (s3://, memory://)" + (
+                           "; save: absent, an empty directory, or a kvtiers snapshot with "
+                           "--overwrite - anything else is refused, never deleted"
+                           if action == "save" else ""))
         p.add_argument("--tier", metavar="NAME",
                        help="the persistent tier (default: the first); `cpu` for the CPU "
                        "pool explains where its snapshots are taken")
@@ -71,9 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="only the N hottest blocks (most recently used where the "
                            "tier knows, else newest)")
             p.add_argument("--overwrite", action="store_true",
-                           help="replace a kvtiers snapshot already at URL (only once the "
-                           "new one is complete); a path holding anything else is refused "
-                           "with or without it")
+                           help="replace a kvtiers snapshot already at URL, once the new "
+                           "one is complete (a failed or killed save leaves the old one); "
+                           "a path holding anything else is refused with or without it")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,19 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from kvtiers.config.redact import credential_values, scrub
 from kvtiers.contract.keys import BlockKey
 from kvtiers.contract.namespace import BlockGeometry, Namespace
-from kvtiers.errors import KvtiersError, MissingExtraError
+from kvtiers.errors import MissingExtraError
+from kvtiers.ops.snapshot_errors import SnapshotError, describe_error
 
 SNAPSHOT_EXTRA = "snapshot"
 SNAPSHOT_VERSION = 1
 CHUNK_BYTES = 8 << 20
 MAX_KEY = 256
-
-
-class SnapshotError(KvtiersError):
-    """A snapshot that cannot be read or does not fit where it is loaded."""
 
 
 def _zarr() -> Any:
@@ -224,14 +220,6 @@ class SnapshotReader:
 
 def _options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return None if options is None else dict(options)
-
-
-def describe_error(exc: BaseException, options: Mapping[str, Any] | None) -> str:
-    """What went wrong: the exception's type and message, with every credential in
-    `options` (a secret, a token, a password: by name, at any depth) blanked should
-    the message repeat one; an endpoint URL or a region stays readable."""
-    text = scrub(str(exc).strip() or "no details", credential_values(options or {}))
-    return f"{type(exc).__name__}: {text[:300]}"
 
 
 __all__ = ["SNAPSHOT_EXTRA", "SnapshotError", "SnapshotReader", "SnapshotWriter", "describe_error",

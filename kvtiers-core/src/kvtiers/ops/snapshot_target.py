@@ -4,35 +4,53 @@ absent, an empty directory, or a kvtiers snapshot - and a kvtiers snapshot is
 replaced only when the caller asked for it (`overwrite`). Anything else - a file,
 a symbolic link, a directory with other entries, a snapshot with entries kvtiers
 did not write - is refused (`SnapshotTargetError`, naming the path and what it
-holds), with or without `overwrite`.
+holds), with or without `overwrite`. A plain path may start with `~` (the home
+directory, as in a `file://` URL); `file://` and `local://` URLs are plain paths.
 
-A new snapshot is written whole to a sibling first (`.NAME.kvtiers-tmp-XXXX`, in
-the same directory or prefix) and only then put in place (`Staging.commit`):
+A new snapshot is written whole to a staging directory first and put in place
+only once complete (`Staging.commit`, after an fsync of every file it wrote), so a
+failure - an exception, a kill -9, a full disk - before that leaves the target as
+it was:
 
-- local paths (and `file://` URLs, the same thing): one rename. Into an absent or
-  empty directory `rename(2)`; over an old snapshot Linux's `renameat2(2)` with
-  `RENAME_EXCHANGE` swaps the two atomically, then the old one (now at the
-  sibling's name) is removed; where the filesystem cannot exchange, the old one is
-  renamed aside (`.NAME.kvtiers-old-XXXX`), the new one renamed in, the old one
-  removed. A failure or a kill -9 at any instant before the swap leaves the old
-  snapshot as it was (and at most a `.NAME.kvtiers-tmp-*` sibling, safe to delete);
-  readers never see a partial snapshot at the path.
-- other fsspec URLs (`s3://`, `memory://`), which have no atomic rename of a
-  prefix: the new snapshot is complete under the sibling prefix before anything of
-  the old one is deleted; then the old one's root `zarr.json` goes first (it is no
-  longer readable as a snapshot), the rest of it, and the new one is copied in with
-  its root `zarr.json` last (readable only once whole), then the sibling is
-  deleted. An interruption during that leaves the complete new snapshot under the
-  sibling prefix (loadable by its URL), and the path either without a readable
-  snapshot or with the new one; a later save with `overwrite` replaces what is
-  left there (an incomplete kvtiers snapshot is recognised as one).
+- absent target: staged beside it (`.NAME.kvtiers-tmp-XXXX`, same directory), then
+  one rename into place.
+- empty directory: staged inside it (`.kvtiers-tmp-XXXX`), then its entries are
+  moved up, the root `zarr.json` last; the user's directory itself (its owner,
+  mode, a mount on it) is kept. Interrupted during those few renames, it holds an
+  incomplete snapshot (recognised as one: `overwrite` replaces it).
+- a kvtiers snapshot, with `overwrite`: staged beside it (with its permissions),
+  then Linux's `renameat2(2)` with `RENAME_EXCHANGE` swaps the two atomically and
+  the old one (now at the staging name) is removed; where the filesystem cannot
+  exchange, the old one is renamed aside (`.NAME.kvtiers-old-XXXX`), the new one
+  renamed in, the old one removed. Readers never see a partial snapshot at the
+  path. A snapshot directory that is a mount point cannot be swapped (a rename
+  does not cross filesystems): refused before any work, naming a directory inside
+  it instead.
+- an incomplete kvtiers snapshot, with `overwrite`: staged inside it; its entries
+  (all kvtiers', checked again just before) are removed, then the new entries
+  moved up as for an empty directory.
+
+A kill -9 leaves at most a staging directory (and, in the window after a swap, the
+old snapshot under a `.kvtiers-tmp-`/`.kvtiers-old-` name), safe to delete.
+
+Other fsspec URLs (`s3://`, `memory://`) have no atomic rename of a prefix: the new
+snapshot is complete under a sibling prefix before anything of the old one is
+deleted; then the old one's root `zarr.json` goes first (it is no longer readable
+as a snapshot), the rest of it, and the new one is copied in with its root
+`zarr.json` last (readable only once whole), then the sibling is deleted. An
+interruption during that leaves the complete new snapshot under the sibling prefix
+(loadable by its URL), and the path either without a readable snapshot or with the
+new one; a later save with `overwrite` replaces what is left there.
 
 A snapshot is recognised by its root `zarr.json`: a zarr v3 group whose attributes
 carry `kvtiers_snapshot` (what `SnapshotWriter` writes), and no entries but its
 arrays (`keys`, `key_lengths`, `checksums`, `blocks`, each holding only `zarr.json`
-and its chunks `c`). A directory that holds only those arrays without the root
-`zarr.json` is an incomplete kvtiers snapshot (an interrupted replace): replaced
-with `overwrite` like a whole one.
+and its chunks `c`) and staging directories (`.kvtiers-tmp-*`). A directory that
+holds only those without the root `zarr.json` is an incomplete kvtiers snapshot
+(an interrupted save or replace): replaced with `overwrite` like a whole one.
+
+Thread and blocking: all of this is file or object-store I/O on the caller's
+thread; nothing here is for the scheduler path.
 """
 
 from __future__ import annotations
@@ -45,13 +63,12 @@ import os
 import shutil
 import stat
 import sys
-import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtiers.ops.snapshot_store import SnapshotError, describe_error
+from kvtiers.ops.snapshot_errors import SnapshotError, describe_error
 
 #: what a snapshot directory holds: its root metadata and its arrays
 ARRAYS = frozenset({"keys", "key_lengths", "checksums", "blocks"})
@@ -84,6 +101,14 @@ class Location:
     def local(self) -> bool:
         return self.fs is None
 
+    @property
+    def named(self) -> str:
+        """`url`, with the local path it resolved to where `url` does not show it
+        (`~`, a relative path)."""
+        if self.local and not self.url.rstrip("/").endswith(self.path):
+            return f"{self.url} ({self.path})"
+        return self.url
+
 
 @dataclass(frozen=True)
 class TargetState:
@@ -93,13 +118,15 @@ class TargetState:
 
     kind: str
     detail: str = ""
+    #: a local directory that is a mount point (it cannot be swapped by a rename)
+    mount: bool = False
 
 
 def local_path(url: str) -> str | None:
     """The absolute local path `url` names (a plain path, or a `file://` /
     `local://` URL), or None for any other URL."""
     if "://" not in url and "::" not in url:
-        return os.path.abspath(url)
+        return os.path.abspath(os.path.expanduser(url))
     if url.startswith(("file://", "local://")):
         from fsspec.implementations.local import LocalFileSystem
 
@@ -163,12 +190,13 @@ def _classify(loc: Location, names: list[str], metadata: bytes | None,
               array_entries: dict[str, list[str] | None]) -> TargetState:
     """A non-empty directory: a whole or incomplete kvtiers snapshot, or foreign.
     `array_entries`: what each array directory holds (None: not a directory)."""
-    others = [n for n in names if n not in MEMBERS]
+    staged = [n for n in names if n.startswith(TMP_TAG)]
+    others = [n for n in names if n not in MEMBERS and n not in staged]
     odd = [f"{a}/{e}" for a, held in array_entries.items()
            for e in (held if held is not None else ["(not a directory)"])
            if e not in ARRAY_MEMBERS]
     whole = "zarr.json" in names and _ours(metadata)
-    looks = not others and not odd and bool(array_entries)
+    looks = not others and not odd
     if whole and looks:
         return TargetState("snapshot", "a kvtiers snapshot")
     if "zarr.json" not in names and looks:
@@ -194,18 +222,19 @@ def _local_listing(path: str) -> list[str] | None:
     return os.listdir(path)
 
 
-def inspect_target(loc: Location) -> TargetState:
-    """What `loc` holds now (`SnapshotError` when it cannot be read)."""
+def inspect_target(loc: Location, ignore: str = "") -> TargetState:
+    """What `loc` holds now, not counting an entry named `ignore` (a save's own
+    staging directory) (`SnapshotError` when it cannot be read)."""
     try:
-        return _inspect_local(loc) if loc.local else _inspect_remote(loc)
+        return _inspect_local(loc, ignore) if loc.local else _inspect_remote(loc)
     except SnapshotError:
         raise
     except Exception as exc:
-        raise SnapshotError(f"{loc.url}: cannot tell what is there "
+        raise SnapshotError(f"{loc.named}: cannot tell what is there "
                             f"({describe_error(exc, None)})") from exc
 
 
-def _inspect_local(loc: Location) -> TargetState:
+def _inspect_local(loc: Location, ignore: str = "") -> TargetState:
     try:
         st = os.lstat(loc.path)
     except FileNotFoundError:
@@ -215,7 +244,7 @@ def _inspect_local(loc: Location) -> TargetState:
                            "directory itself)")
     if not stat.S_ISDIR(st.st_mode):
         return TargetState("foreign", "is a file, not a directory")
-    names = os.listdir(loc.path)
+    names = [n for n in os.listdir(loc.path) if n != ignore]
     if not names:
         return TargetState("empty")
     metadata = None
@@ -226,7 +255,10 @@ def _inspect_local(loc: Location) -> TargetState:
             with open(meta_path, "rb") as f:
                 metadata = f.read(MAX_METADATA + 1)
     arrays = {a: _local_listing(os.path.join(loc.path, a)) for a in names if a in ARRAYS}
-    return _classify(loc, names, metadata, arrays)
+    state = _classify(loc, names, metadata, arrays)
+    if state.kind == "snapshot" and os.path.ismount(loc.path):
+        return TargetState(state.kind, state.detail, mount=True)
+    return state
 
 
 def _inspect_remote(loc: Location) -> TargetState:
@@ -277,12 +309,17 @@ def refusal(loc: Location, state: TargetState, *, overwrite: bool,
             flag: str = DEFAULT_FLAG) -> str | None:
     """Why a snapshot may not be saved at `loc` as it is now, or None."""
     if state.kind == "foreign":
-        return (f"{loc.url}: refusing to save a snapshot there: it {state.detail}; "
+        return (f"{loc.named}: refusing to save a snapshot there: it {state.detail}; "
                 "kvtiers replaces only an empty directory or a kvtiers snapshot "
                 "(name a new or empty directory)")
     if state.kind in ("snapshot", "partial") and not overwrite:
-        return (f"{loc.url}: holds {state.detail} already; refusing to replace it "
+        return (f"{loc.named}: holds {state.detail} already; refusing to replace it "
                 f"without {flag}")
+    if state.kind == "snapshot" and state.mount:
+        return (f"{loc.named}: holds {state.detail}, and is a mount point: kvtiers replaces "
+                "a snapshot by swapping a complete new one in with a rename, which cannot "
+                f"cross filesystems; save to a directory inside it ({loc.url.rstrip('/')}"
+                "/NAME)")
     return None
 
 
@@ -305,16 +342,20 @@ check_snapshot_target = check_target
 
 def _split(loc: Location) -> tuple[str, str]:
     sep = os.sep if loc.local else "/"
-    parent, _, name = loc.path.rstrip(sep).rpartition(sep)
-    if not name or name in (".", ".."):
-        raise SnapshotTargetError(f"{loc.url}: names no directory to save a snapshot in "
+    parent, found, name = loc.path.rstrip(sep).rpartition(sep)
+    if not found or not name or name in (".", ".."):
+        raise SnapshotTargetError(f"{loc.named}: names no directory to save a snapshot in "
                                   "(a snapshot needs a path below a directory or bucket)")
     return (parent or sep), name
 
 
-def _exchange(a: str, b: str) -> bool:
-    """Swap two paths atomically (Linux `renameat2` with `RENAME_EXCHANGE`); False
-    where that is not available (then nothing was done)."""
+#: renameat2(2) flags
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+
+
+def _renameat2(a: str, b: str, flags: int) -> bool:
+    """Linux `renameat2(a, b, flags)`; False where the call or the flag is not
+    available (then nothing was done); OSError for any other failure."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -325,8 +366,8 @@ def _exchange(a: str, b: str) -> bool:
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                    ctypes.c_uint]
     fn.restype = ctypes.c_int
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flags) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
@@ -334,22 +375,79 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically; False where the filesystem cannot."""
+    return _renameat2(a, b, RENAME_EXCHANGE)
+
+
+def _rename_new(a: str, b: str) -> None:
+    """Rename `a` to `b`, which must not exist (FileExistsError): never replaces
+    what appeared at `b` meanwhile, an empty directory included."""
+    if _renameat2(a, b, RENAME_NOREPLACE):
+        return
+    if os.path.lexists(b):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), b)
+    os.rename(a, b)
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    """Every file and directory under `root` on stable storage (a power loss after
+    the swap finds the new snapshot whole, not empty files under its names)."""
+    for here, _, files in os.walk(root, topdown=False):
+        for name in files:
+            _fsync_path(os.path.join(here, name))
+        _fsync_path(here)
+
+
+def _remove(path: str) -> None:
+    """A file or a whole directory (never following a link)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def _mkdir_unique(parent: str, prefix: str) -> str:
+    """A new directory `parent/prefix<random>` (mode 0777 less the umask, as zarr
+    makes its own directories)."""
+    path = os.path.join(parent, f"{prefix}{uuid.uuid4().hex[:16]}")
+    os.mkdir(path, 0o777)
+    return path
+
+
 class Staging:
-    """A new snapshot's sibling location (`zarr_store`), put in place of the target
-    by `commit` once complete, or removed by `abort`. The target is checked when
-    made (`SnapshotTargetError`) and again just before the swap."""
+    """A new snapshot's staging location (`zarr_store`), put in place of the target
+    by `commit` once complete, or removed by `abort` (see the module docstring for
+    where it is and how it is put in place). The target is checked when made
+    (`SnapshotTargetError`) and again just before the swap. One thread at a time;
+    `commit` and `abort` block on the store's I/O."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
                  overwrite: bool = False, flag: str = DEFAULT_FLAG):
         self.loc = locate(url, storage_options)
         self.overwrite, self.flag = overwrite, flag
         self.storage_options = storage_options
-        self._check()
+        self._ignore = ""
+        state = self._check()
         parent, name = _split(self.loc)
         self._prefix = f".{name[:96]}"
-        if self.loc.local:
+        #: staged inside the target itself (empty, or an incomplete snapshot: nothing
+        #: there to keep whole), not beside it
+        self.inside = self.loc.local and state.kind in ("empty", "partial")
+        if self.inside:
+            self.tmp = _mkdir_unique(self.loc.path, TMP_TAG)
+            self._ignore = os.path.basename(self.tmp)
+        elif self.loc.local:
             os.makedirs(parent, exist_ok=True)
-            self.tmp = tempfile.mkdtemp(prefix=self._prefix + TMP_TAG, dir=parent)
+            self.tmp = _mkdir_unique(parent, self._prefix + TMP_TAG)
         else:
             self.tmp = f"{parent.rstrip('/')}/{self._prefix}{TMP_TAG}{uuid.uuid4().hex[:16]}"
             with contextlib.suppress(Exception):
@@ -357,14 +455,14 @@ class Staging:
         self.done = False
 
     def _check(self) -> TargetState:
-        state = inspect_target(self.loc)
+        state = inspect_target(self.loc, self._ignore)
         why = refusal(self.loc, state, overwrite=self.overwrite, flag=self.flag)
         if why is not None:
             raise SnapshotTargetError(why)
         return state
 
     def zarr_store(self) -> Any:
-        """What `zarr.open_group` takes for the sibling location."""
+        """What `zarr.open_group` takes for the staging location."""
         if self.loc.local:
             return self.tmp
         from zarr.storage import FsspecStore
@@ -372,7 +470,7 @@ class Staging:
         return FsspecStore.from_mapper(self.loc.fs.get_mapper(self.tmp))
 
     def abort(self) -> None:
-        """Remove the sibling (only it: the target is left as it was)."""
+        """Remove the staging directory (only it: the target is left as it was)."""
         if self.done:
             return
         self.done = True
@@ -384,38 +482,48 @@ class Staging:
 
     def commit(self) -> None:
         """Put the complete new snapshot in place of the target (checked again)."""
+        if not self.loc.local:
+            self._commit_remote(self._check())
+            self.done = True
+            return
         try:
-            state = self._check()
+            _fsync_tree(self.tmp)
+            self._commit_local(self._check())
         except BaseException:
             self.abort()
             raise
-        if self.loc.local:
-            try:
-                self._commit_local(state)
-            except BaseException:
-                self.abort()
-                raise
-        else:
-            self._commit_remote(state)
         self.done = True
+
+    def _changed(self) -> SnapshotTargetError:
+        return SnapshotTargetError(
+            f"{self.loc.named}: something was written there while the snapshot was saved; "
+            "refusing to replace it")
 
     def _commit_local(self, state: TargetState) -> None:
         path = self.loc.path
-        if state.kind in ("absent", "empty"):
+        parent, _ = _split(self.loc)
+        if state.kind == "absent" and not self.inside:
             try:
-                os.rename(self.tmp, path)  # an empty directory is replaced, no other
-            except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                    raise SnapshotTargetError(
-                        f"{self.loc.url}: something was written there while the snapshot "
-                        "was saved; refusing to replace it") from exc
-                raise
+                _rename_new(self.tmp, path)
+            except FileExistsError as exc:
+                raise self._changed() from exc
+            _fsync_path(parent)
             return
+        if state.kind == "empty" or (state.kind == "partial" and self.inside):
+            if state.kind == "partial":  # its entries are kvtiers' (checked just now)
+                for name in os.listdir(path):
+                    if name != self._ignore:
+                        _remove(os.path.join(path, name))
+            self._move_up(path)
+            return
+        if self.inside or state.kind != "snapshot":
+            raise self._changed()
+        os.chmod(self.tmp, stat.S_IMODE(os.lstat(path).st_mode))  # the old one's mode
         if _exchange(self.tmp, path):
             shutil.rmtree(self.tmp, ignore_errors=True)  # the old snapshot, swapped out
+            _fsync_path(parent)
             return
-        parent, _ = _split(self.loc)
-        old = tempfile.mkdtemp(prefix=self._prefix + OLD_TAG, dir=parent)
+        old = _mkdir_unique(parent, self._prefix + OLD_TAG)
         try:
             os.rename(path, old)  # over the empty directory just made
         except BaseException:
@@ -426,7 +534,24 @@ class Staging:
         except BaseException:
             os.rename(old, path)
             raise
+        _fsync_path(parent)
         shutil.rmtree(old, ignore_errors=True)
+
+    def _move_up(self, path: str) -> None:
+        """The staged entries into the empty directory `path`, its root `zarr.json`
+        last (readable as a snapshot only once whole); then the staging directory
+        goes."""
+        names = sorted(os.listdir(self.tmp), key=lambda n: (n == "zarr.json", n))
+        for name in names:
+            try:
+                _rename_new(os.path.join(self.tmp, name), os.path.join(path, name))
+            except FileExistsError as exc:
+                raise self._changed() from exc
+        _fsync_path(path)
+        if self.inside:
+            os.rmdir(self.tmp)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def _commit_remote(self, state: TargetState) -> None:
         fs, path, tmp = self.loc.fs, self.loc.path, self.tmp
