@@ -109,3 +109,34 @@ def test_inspect_and_verify_with_repair(server: RedisServer, tiers: Tiers,
     poison_slots(ctx.pool, range(len(good)))
     assert JobTracker(tier).run_load(good, range(len(good))).success
     check_blocks(ctx.pool, [(i, data[keys.index(k)]) for i, k in enumerate(good)])
+
+
+def test_snapshot_save_and_load_move_a_redis_tiers_blocks(server: RedisServer, tiers: Tiers,
+                                                          tmp_path: Path) -> None:
+    """`kvtiers snapshot save` of one prefix and `load` into another: every block back
+    byte for byte (the tier's inventory and stores are all the command needs)."""
+    ctx = context("model-a")
+    source = tiers.open(ctx, capacity_blocks=64)
+    keys = random_keys(12)
+    data = fill_slots(ctx.pool, range(12))
+    assert JobTracker(source).run_store(keys, range(12)).success
+    source.close()
+    snap = str(tmp_path / "warm.zarr")
+    done = kvtiers("snapshot", "save", _config(tmp_path / "a.json", server, tiers.prefix),
+                   snap, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["blocks"] == 12
+    done = kvtiers("snapshot", "load", _config(tmp_path / "b.json", server, "copy"), snap,
+                   "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["blocks"] == 12
+    copy = Tiers(server, "copy")
+    try:
+        ctx = context("model-a")
+        tier = copy.open(ctx, capacity_blocks=64)
+        assert copy.stored(tier) == set(keys)
+        poison_slots(ctx.pool, range(12))
+        assert JobTracker(tier).run_load(keys, range(12)).success
+        check_blocks(ctx.pool, list(enumerate(data)))
+    finally:
+        copy.close_all()

@@ -144,17 +144,28 @@ def test_another_namespaces_block_under_our_name_is_a_miss_left_alone(
 def test_broken_objects_of_ours_are_deleted_at_start(seaweedfs: S3Server, prefix: str) -> None:
     ctx = make_context(BLOCK)
     ns = namespace_root(prefix, ctx.namespace.fingerprint)
-    short = block_name(ns, os.urandom(36))
+    keys = random_keys(2)
+    writer = s3_tier(ctx, seaweedfs, prefix, layout={"packing": "per_block"})
+    try:
+        fill_slots(ctx.pool, range(2))
+        assert JobTracker(writer, TIMEOUT).run_store(keys, range(2)).success
+    finally:
+        writer.close()
+    short = block_name(ns, keys[0])  # ours, cut: its header says whose it is
+    rewrite(seaweedfs, short, fetch(seaweedfs, short)[:BLOCK // 2])
+    theirs = block_name(ns, keys[1])  # not a record, at one of our names: not provably ours
+    rewrite(seaweedfs, theirs, os.urandom(BLOCK // 2))
     other = f"{ns}/notes.txt"  # not a name the tier makes: never touched
-    rewrite(seaweedfs, short, os.urandom(BLOCK // 2))
     rewrite(seaweedfs, other, b"hello")
     tier = s3_tier(ctx, seaweedfs, prefix)
     try:
         assert tier.startup is not None and tier.startup.bad == [short]
-        keys = listed(seaweedfs, prefix)
+        assert tier.quarantined() == [theirs]  # counted, kept
+        keys_listed = listed(seaweedfs, prefix)
         wait_until(lambda: short.split("/", 1)[1] not in listed(seaweedfs, prefix),
                    "the broken object deleted", TIMEOUT)
-        assert other.split("/", 1)[1] in keys
+        assert other.split("/", 1)[1] in keys_listed
+        assert theirs.split("/", 1)[1] in listed(seaweedfs, prefix)
     finally:
         tier.close()
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from kvtiers.errors import ConfigError, ConfigProblem
+from kvtiers.errors import ConfigError, ConfigProblem, KvtiersError
 from kvtiers.sdk import (
     AsyncJobEngine,
     AsyncProbe,
@@ -41,11 +41,14 @@ from kvtiers.sdk import (
     ErrorCounts,
     JobResult,
     LookupResult,
+    Progress,
     SecondaryTier,
     StatsRecorder,
     TierContext,
+    TierInventory,
     TierStats,
     TransferJob,
+    VerifyReport,
     probed_lookup,
     resolve_options,
     type_name,
@@ -56,8 +59,10 @@ from kvtiers_s3.client.bucket import ensure_bucket, set_ttl_rule
 from kvtiers_s3.client.connect import open_filesystem
 from kvtiers_s3.client.objects import ObjectInfo, ObjectStore, describe
 from kvtiers_s3.holdings.catalog import (
+    BROKEN,
     Scan,
     block_object,
+    judge_block,
     read_recency,
     scan,
     write_namespace,
@@ -72,6 +77,8 @@ from kvtiers_s3.layout import codec
 from kvtiers_s3.layout.names import SEGMENTS, block_name, namespace_root, parse_name
 from kvtiers_s3.schema import OBJ_SCHEMA, S3_SCHEMA
 from kvtiers_s3.settings import S3Settings, settings_from_obj, settings_from_s3
+from kvtiers_s3.tools.survey import held, survey_store
+from kvtiers_s3.tools.verify import verify_namespace
 
 __all__ = ["ObjTier", "S3Tier"]
 
@@ -212,20 +219,16 @@ class S3Tier(SecondaryTier):
         """Whether the object `info` describes failed verification and has not changed
         since (`holdings.verdicts`): left out of probes and listings, a miss. One
         that changed is judged afresh (a quarantined one let go, undeleted)."""
-        name = info.name
-        verdicts = self._io.verdicts
-        if name in verdicts:
-            if verdicts.judge(info) is not None:
-                return True
-            self._holdings.release(name)
-            return False
-        return self._holdings.quarantined(name) is not None
+        if self._io.verdicts.judge(info) is not None:
+            return True
+        self._holdings.release(info.name)
+        return False
 
     async def _adopt_scan(self, found: Scan, *, restore: bool = False) -> None:
         now, ttl = self.wall_clock(), self.settings.ttl_s
-        for info, reason in found.others:  # not read again until they change
-            self._io.verdicts.remember(info, reason)
         doomed = list(found.bad)
+        for info, reason in found.others:
+            doomed += self._quarantine(info, reason)
         for obj in found.objects:
             if ttl and obj.mtime + ttl < now:
                 doomed.append(obj.name)
@@ -238,12 +241,25 @@ class S3Tier(SecondaryTier):
                 self._holdings.index.restore(order)
             self.ctx.logger.info(
                 "kvtiers-s3 %s: %s holds %d blocks in %d objects (%d bytes), listed in "
-                "%.2f s; %d broken objects deleted, %d of other formats left alone",
-                self.name, self.settings.url, len(self._holdings), len(found.objects),
-                self._holdings.index.committed_bytes, found.seconds, len(found.bad),
-                found.foreign)
+                "%.2f s; %d broken objects deleted, %d not provably ours left alone "
+                "(counted as used)", self.name, self.settings.url, len(self._holdings),
+                len(found.objects), self._holdings.index.committed_bytes, found.seconds,
+                len(found.bad), len(found.others))
         if doomed:
             self._io.delete_names(doomed)
+
+    def _quarantine(self, info: ObjectInfo, reason: codec.Reason) -> list[str]:
+        """An object a listing or probe found not ours to read: remembered (not read
+        again until it changes), counted, never deleted, reported. Returns the names
+        of objects evicted to make room for it (delete them)."""
+        self._io.verdicts.remember(info, reason)
+        if self._holdings.quarantined(info.name) is not None:
+            return []
+        self._errors.note("scan", reason.value, f"{info.name}: {reason.value}, not provably "
+                                                "ours; never deleted, counted as used")
+        gone = self._holdings.quarantine_found(info.name, info.size, info.mtime, info.etag)
+        self._stats.evicted(len(gone))
+        return [o.name for o in gone]
 
     async def _rescan_every(self, period: float, once: bool) -> None:
         """Count what other engines stored, and let go of what they deleted."""
@@ -329,6 +345,31 @@ class S3Tier(SecondaryTier):
                 self._errors.record("recency", exc)
         self._engine.close(timeout=self.settings.timeout_s)
 
+    # -- tools (`kvtiers inspect` / `verify` / `snapshot`): any thread but the scheduler's --
+
+    @classmethod
+    def survey(cls, config: Mapping[str, Any], *, name: str = "",
+               ages: bool = False) -> TierInventory:
+        """Every namespace under the prefix, read-only, without building the tier
+        (`tools.survey`)."""
+        settings = cls.resolve(resolve_options(cls.SCHEMA, config, cls.FORM))
+        try:
+            return survey_store(settings, name or cls.FORM, ages=ages)
+        except Exception as exc:  # noqa: BLE001 - worded for the user, scrubbed
+            raise KvtiersError(f"{cls.FORM} tier {name or cls.FORM}: {settings.url} cannot "
+                               f"be listed ({describe(exc, settings)})") from None
+
+    def inventory(self, *, ages: bool = False) -> TierInventory:
+        """What the index holds, in its eviction order (`tools.survey.held`)."""
+        return held(self._holdings, self.ctx, self.settings, self.name, self.ns_root)
+
+    def verify_blocks(self, *, repair: bool = False,
+                      progress: Progress | None = None) -> list[VerifyReport]:
+        """Every held object re-read and re-checked (`tools.verify`); with `repair`,
+        damaged objects that are provably ours leave the index and the store."""
+        return verify_namespace(self._engine.run, self._io, self.startup, self.name,
+                                repair=repair, progress=progress)
+
     # -- helpers ----------------------------------------------------------------------------
 
     def object_name(self, key: BlockKey) -> str | None:
@@ -338,6 +379,12 @@ class S3Tier(SecondaryTier):
 
     def held_object(self, key: BlockKey) -> StoredObject | None:
         return self._holdings.lookup(key)
+
+    def quarantined(self) -> list[str]:
+        """The objects at names the tier makes that it cannot prove its own (tests,
+        tools): never read again until they change, never deleted, counted as used
+        (`holdings.index`)."""
+        return self._holdings.quarantined_names()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run `coro` in the background on the loop (call on the loop thread)."""
@@ -368,7 +415,7 @@ class S3Tier(SecondaryTier):
     async def _probe_on_loop(self, keys: list[BlockKey]) -> list[BlockKey]:
         todo = [k for k in keys if self._holdings.lookup(k) is None]
         sem = asyncio.Semaphore(PROBE_HEADS)
-        bb = self.ctx.block_bytes
+        bb, fingerprint = self.ctx.block_bytes, self.ctx.namespace.fingerprint
 
         async def head(key: BlockKey) -> StoredObject | None:
             name = block_name(self.ns_root, key)
@@ -376,11 +423,22 @@ class S3Tier(SecondaryTier):
                 return None
             async with sem:
                 info = await self._store.info(name)
-            if info is None or name in self._io.deleting or self._judged(info):
+            if info is None:
+                self._holdings.release(name)  # a quarantined object went: let it go
+                return None
+            if name in self._io.deleting or self._judged(info):
                 return None
             obj = block_object(info, key, bb)
-            if obj is None:  # not a whole record: ours and broken, as at start-up
-                self._io.delete_names([name])
+            if obj is None:  # not a record's size: whose is it? (as at start-up)
+                try:
+                    reason = await judge_block(self._store, info, key, fingerprint)
+                except FileNotFoundError:
+                    return None
+                except Exception as exc:  # noqa: BLE001 - a miss; the next probe asks again
+                    self._errors.record("probe", exc)
+                    return None
+                self._io.delete_names([name] if reason in BROKEN
+                                      else self._quarantine(info, reason))
             return obj
 
         timeout = self.settings.timeout_s

@@ -88,6 +88,11 @@ def _print(doc: dict[str, Any]) -> None:
                 f"committed) + {ns['reserved_blocks']:,} reserved "
                 f"({format_bytes(ns['reserved_bytes'])}) of "
                 f"{format_bytes(cap) if cap else 'unbounded'}{share}")
+            if ns["unreadable_objects"]:
+                console.print(
+                    f"    [red]unreadable[/red] {ns['unreadable_objects']:,} object(s) "
+                    f"({format_bytes(ns['unreadable_bytes'])}) hold no readable block: "
+                    "counted in the usage; `kvtiers verify` says which")
             if ns["oldest"] is not None:
                 console.print(f"    oldest    {_age(ns['oldest']['age_s'])} ago "
                               f"({ns['oldest']['key'][:16]}...), newest "

@@ -54,6 +54,11 @@ class NamespaceInventory:
     capacity_bytes: int | None = None
     #: committed blocks whose key could not be recovered (not in `blocks`)
     unnamed_blocks: int = 0
+    #: objects (files) in this place that hold no block the tier can read - damaged
+    #: ones, another program's or another format's - and their bytes: they take
+    #: room, so `usage_bytes` counts them (not in `committed_bytes`)
+    unreadable_objects: int = 0
+    unreadable_bytes: int = 0
     #: whose namespace it is, as the tier recorded it (None: not known)
     model: str | None = None
     revision: str | None = None
@@ -68,7 +73,7 @@ class NamespaceInventory:
 
     @property
     def usage_bytes(self) -> int:
-        return self.committed_bytes + self.reserved_bytes
+        return self.committed_bytes + self.reserved_bytes + self.unreadable_bytes
 
     def keys(self) -> set[BlockKey]:
         return {b.key for b in self.blocks}

@@ -55,6 +55,8 @@ def namespace_summary(ns: NamespaceInventory, *, ours: bool, now: float) -> dict
         "committed_bytes": ns.committed_bytes,
         "reserved_bytes": ns.reserved_bytes,
         "reserved_blocks": ns.reserved_blocks,
+        "unreadable_objects": ns.unreadable_objects,
+        "unreadable_bytes": ns.unreadable_bytes,
         "usage_bytes": ns.usage_bytes,
         "capacity_bytes": ns.capacity_bytes,
         "age_histogram": age_histogram(ns.blocks, now),

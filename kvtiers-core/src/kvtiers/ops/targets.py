@@ -29,6 +29,44 @@ class NoPersistentTier(KvtiersError):
     """The config has no persistent tier (or none of the name asked for)."""
 
 
+class TierLacksMethods(KvtiersError):
+    """A persistent tier's class does not implement an optional method the command
+    needs (`NEEDS`)."""
+
+
+#: the optional methods of `SecondaryTier` each command calls, beyond the required
+#: ones: `survey` (a classmethod: list the store without building the tier),
+#: `verify_blocks`, `inventory` (what a built tier holds, hottest first)
+NEEDS: dict[str, tuple[str, ...]] = {
+    "inspect": ("survey",),
+    "verify": ("survey", "verify_blocks"),
+    "snapshot save": ("survey", "inventory"),
+    "snapshot load": (),
+}
+
+_WHAT = {
+    "survey": "the classmethod survey(config, *, name, ages) -> TierInventory: every "
+              "namespace of the store, read without building the tier",
+    "verify_blocks": "verify_blocks(*, repair, progress) -> list[VerifyReport]: re-read "
+                     "and re-check every block",
+    "inventory": "inventory(*, ages) -> TierInventory: what the built tier holds",
+}
+
+
+def missing_methods(cls: type[SecondaryTier], command: str) -> list[str]:
+    """The optional methods `command` needs that `cls` leaves to `SecondaryTier`'s
+    defaults (which raise NotImplementedError)."""
+    def overrides(name: str) -> bool:
+        for klass in cls.__mro__:
+            if klass is SecondaryTier:
+                return False
+            if name in vars(klass):
+                return True
+        return False
+
+    return [name for name in NEEDS.get(command, ()) if not overrides(name)]
+
+
 @dataclass(frozen=True)
 class Target:
     """One persistent tier of the config: its name in the stack, section, class."""
@@ -41,7 +79,9 @@ class Target:
 def persistent_tiers(config: KvtiersConfig, only: str | None = None, *,
                      command: str, registry: Registry | None = None) -> list[Target]:
     """The config's persistent tiers, in config order (only `only`, by name);
-    `NoPersistentTier` with a message saying what the config has otherwise."""
+    `NoPersistentTier` with a message saying what the config has otherwise, and
+    `TierLacksMethods` naming the optional methods `command` needs (`NEEDS`) that a
+    tier it would work on does not implement - before any work."""
     reg = registry or get_registry()
     found: list[Target] = []
     listed: list[str] = []
@@ -62,7 +102,22 @@ def persistent_tiers(config: KvtiersConfig, only: str | None = None, *,
             raise NoPersistentTier(
                 f"kvtiers {command}: no persistent tier named {only!r}; choose one of: "
                 + ", ".join(t.name for t in found))
-        return chosen
+        found = chosen
+    # `snapshot` works on the first (or the chosen) tier, inspect and verify on all
+    for t in found[:1] if command.startswith("snapshot") else found:
+        missing = missing_methods(t.cls, command)
+        if missing:
+            others = [o.name for o in found if o is not t]
+            raise TierLacksMethods(
+                f"kvtiers {command}: tier {t.name} ({t.section.type}, class "
+                f"{t.cls.__module__}.{t.cls.__qualname__}) does not implement "
+                + "; ".join(f"{m} ({_WHAT[m]})" for m in missing)
+                + f". `kvtiers {command}` needs "
+                + " and ".join(NEEDS[command]) + " (inspect: survey; verify: survey and "
+                "verify_blocks; snapshot save: survey and inventory), optional methods of "
+                "kvtiers.sdk.SecondaryTier its plugin can add"
+                + (f"; or choose another tier with --tier ({', '.join(others)})"
+                   if others else ""))
     return found
 
 
@@ -118,5 +173,5 @@ def survey(target: Target, *, ages: bool) -> tuple[NamespaceInventory, ...]:
         raise KvtiersError(f"tier {target.name}: cannot read its store: {exc}") from exc
 
 
-__all__ = ["NoPersistentTier", "Target", "is_ours", "namespace_of", "open_namespace",
-           "persistent_tiers", "survey"]
+__all__ = ["NEEDS", "NoPersistentTier", "Target", "TierLacksMethods", "is_ours",
+           "missing_methods", "namespace_of", "open_namespace", "persistent_tiers", "survey"]

@@ -14,17 +14,20 @@ reads and the index's O(1) operations, never this class's lock. Everything else
 (the tier's event loop, the probe thread) takes the lock for the key map, and is
 O(1) per key it names. Removals are reported to `ctx.events` as block keys.
 
-A *quarantined* object is one a load found unparseable (no kvtiers-s3 magic) at a
-name only the tier makes: it holds no block (every lookup of its key is a miss),
-but its bytes stay counted against the bound, under an id of its own
-(`QUARANTINE_TAG` + its name, so a new store of the key is not mistaken for it),
-and it is evicted - deleted - by the policy like any object. A new object under its
-name (our own store, or one a probe or listing finds changed) lets it go, undeleted.
+A *quarantined* object is one at a name the tier makes that it cannot read as its
+own and cannot prove its own (`layout.proof`): another program's object, or one
+damaged past proof. It holds no block (a lookup of its key is a miss), is never
+deleted, and its bytes stay counted against the bound - so that what is listed
+under the prefix never outgrows `capacity_bytes` - under an id of its own
+(`QUARANTINE_TAG` + its name: a store of the key is not mistaken for it), pinned
+(never evicted: eviction deletes). It is let go, undeleted, when its object changes
+or is gone (a probe or a listing finds it so) or the tier writes that name itself.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +85,7 @@ class Holdings:
             capacity_bytes, on_removed=self._removed)
         self._keys: dict[BlockKey, StoredObject] = {}
         self._objects: dict[bytes, StoredObject] = {}
+        self._quarantine: dict[str, Pins[StoredObject]] = {}  # name -> its pin
         self._lock = threading.RLock()
 
     # Scheduler thread.
@@ -155,35 +159,49 @@ class Holdings:
         return not left
 
     def quarantine(self, obj: StoredObject) -> list[StoredObject]:
-        """`obj` (a block object) is not ours to read: its block leaves, its bytes stay
-        counted as a quarantined object (module doc). Returns the objects evicted to
-        keep it (delete them); nothing when `obj` has left the index meanwhile."""
+        """`obj` (a block object this tier held) turned out not to be ours to read:
+        its block leaves, its bytes stay counted as a quarantined object (module
+        doc). Returns the objects evicted to keep it (delete them); nothing when
+        `obj` has left the index meanwhile."""
         with self._lock:
             gone = [k for k in obj.members if self._keys.get(k) is obj]
             for k in gone:
                 del self._keys[k]
             obj.members.clear()
-            if self.index.remove(obj.oid, obj) is None:
-                removed: list[StoredObject] = []
-            else:
-                q = StoredObject(quarantine_oid(obj.name), obj.name, obj.size, {}, obj.mtime,
-                                 etag=obj.etag)
-                removed = self._add_locked(q)
+            removed = []
+            if self.index.remove(obj.oid, obj) is not None:
+                removed = self._quarantine_locked(obj.name, obj.size, obj.mtime, obj.etag)
         if gone:
             self._events.removed(gone)
-        return [o for o in removed if o.name != obj.name]
+        return removed
+
+    def quarantine_found(self, name: str, size: int, mtime: float | None,
+                         etag: str | None) -> list[StoredObject]:
+        """An object a listing found not ours to read: counted, quarantined (module
+        doc). Returns the objects evicted to make room for it (delete them)."""
+        with self._lock:
+            return self._quarantine_locked(name, size, time.time() if mtime is None else mtime,
+                                           etag)
 
     def quarantined(self, name: str) -> StoredObject | None:
         """The quarantined object named `name`, if held."""
         obj = self._objects.get(quarantine_oid(name))
         return obj if obj is not None and obj.name == name else None
 
+    def quarantined_names(self) -> list[str]:
+        """Every quarantined object's name (tools, tests)."""
+        with self._lock:
+            return list(self._quarantine)
+
     def release(self, name: str) -> None:
-        """Let go of the quarantined object `name` (its object changed), undeleted."""
+        """Let go of the quarantined object `name` (it changed, went, or the tier
+        writes that name now): uncounted, undeleted."""
+        if name not in self._quarantine:  # the common case, without the lock
+            return
         with self._lock:
             obj = self.quarantined(name)
             if obj is not None:
-                self.index.remove(obj.oid, obj)
+                self.index.remove(obj.oid, obj)  # `_removed` gives its pin back
 
     def objects(self) -> list[StoredObject]:
         """Every object held (a copy; O(objects): start-up, tests)."""
@@ -209,6 +227,14 @@ class Holdings:
             self._adopt(obj)
         return [o for _, o in gone]
 
+    def _quarantine_locked(self, name: str, size: int, mtime: float,
+                           etag: str | None) -> list[StoredObject]:
+        q = StoredObject(quarantine_oid(name), name, size, {}, mtime, etag=etag)
+        removed = [o for o in self._add_locked(q) if o is not q]  # q itself: too big
+        if self._objects.get(q.oid) is q:
+            self._quarantine[name] = self.index.pin([q.oid])
+        return removed
+
     def _adopt(self, obj: StoredObject) -> None:
         self._objects[obj.oid] = obj
         for key in obj.members:
@@ -224,6 +250,10 @@ class Holdings:
                 obj = self._objects.pop(oid, None)
                 if obj is None:
                     continue
+                if oid.startswith(QUARANTINE_TAG):
+                    pins = self._quarantine.pop(obj.name, None)
+                    if pins is not None:
+                        pins.release()
                 for key in obj.members:
                     if self._keys.get(key) is obj:
                         del self._keys[key]

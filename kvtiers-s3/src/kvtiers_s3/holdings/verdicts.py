@@ -4,10 +4,11 @@ or a listing that finds the same object again leaves it out - a miss, never a HI
 that fails once more - until the object changes (rewritten: another ETag, size or
 time; deleted). Bounded: the oldest verdicts are forgotten first.
 
-What is remembered: objects a load found not to be ours (`foreign`: no kvtiers-s3
-magic; `namespace`, `version`: another model's or format's record under our name),
-and segments a listing found of another namespace or version. Objects that are
-provably ours and broken are deleted instead; they need no verdict.
+What is remembered: every block object a load found bad - ours and broken
+(`corrupt`: being deleted, but a delete may fail) or not provably ours (`foreign`,
+`namespace`, `version`: quarantined, never deleted) - and every object a listing
+or probe found not provably ours (a segment, a block object of the wrong size).
+An object the tier writes itself under a name is judged afresh (`forget`).
 
 Loop thread only (probes, listings and loads all run on the tier's event loop).
 """

@@ -46,8 +46,8 @@ class IoContext:
         self.stats = stats
         self.errors = errors
         self.spawn = spawn
-        #: names of objects being deleted (the loop thread's)
-        self.deleting: set[str] = set()
+        #: names of objects being deleted -> set once that delete returns (the loop's)
+        self.deleting: dict[str, asyncio.Event] = {}
         #: objects that failed verification, left out until they change (the loop's)
         self.verdicts = Verdicts()
         #: each GET's and PUT's time (recorded on the loop thread)
@@ -80,17 +80,31 @@ class IoContext:
 
     def delete_names(self, names: list[str]) -> None:
         # Until the delete returns, a probe or listing that still finds these objects
-        # must not take them back in (they would evict live blocks for dead ones).
-        self.deleting.update(names)
-        self.spawn(self._delete(names))
+        # must not take them back in (they would evict live blocks for dead ones),
+        # and a store of the same name waits (`deleted`): a delete that lands after
+        # its PUT would take the new object.
+        if not names:
+            return
+        done = asyncio.Event()
+        for name in names:
+            self.deleting[name] = done
+        self.spawn(self._delete(names, done))
 
-    async def _delete(self, names: list[str]) -> None:
+    async def deleted(self, name: str) -> None:
+        """Wait until no delete of `name` is in flight."""
+        while (done := self.deleting.get(name)) is not None:
+            await done.wait()
+
+    async def _delete(self, names: list[str], done: asyncio.Event) -> None:
         try:
             await asyncio.wait_for(self.store.delete(names), self.settings.timeout_s)
         except Exception as exc:  # noqa: BLE001 - a failed delete leaves an orphan, no more
             self.errors.record("delete", exc)
         finally:
-            self.deleting.difference_update(names)
+            for name in names:
+                if self.deleting.get(name) is done:
+                    del self.deleting[name]
+            done.set()
 
 
 def engine_failure(job: Job) -> FailureReason:

@@ -11,13 +11,14 @@ recorded (`latency`, from the GET to its blocks verified in their slots); the en
 hook settles the other keys the way their read went, releases the pins and touches
 what loaded. A broken record (corrupt, truncated, another key's; any record of a
 segment that is not what its index says) fails `corrupt`, leaves the index, and its
-object is deleted once no block of it is live. A block object that is not provably
-ours (no kvtiers-s3 magic, another format's or namespace's record) is a miss, not
-deleted by a load, and remembered as bad with its ETag, size and time
-(`holdings.verdicts`): probes and listings leave it out until it changes, so it is
-never a HIT again that fails again. One without our magic at our name keeps its
-bytes counted, quarantined (`holdings.index`), until the policy evicts it; another
-namespace's or format's leaves the index, left alone. A vanished object is a miss.
+object is deleted once no block of it is live; a block object whose magic alone is
+damaged is proven ours by its header checksum (`layout.proof`) and goes the same
+way. A block object that is not provably ours (no kvtiers-s3 magic and no such
+proof, another format's or namespace's record) is a miss, never deleted, and
+quarantined (`holdings.index`: its bytes stay counted). Either way the object is
+remembered as bad with its ETag, size and store time (`holdings.verdicts`) before
+the job is reported: probes and listings leave it out until it changes, so it is
+never a HIT again that fails again. A vanished object is a miss.
 """
 
 from __future__ import annotations
@@ -115,22 +116,25 @@ class Loads:
                       leader: int) -> FailureReason | None:
         plan: LoadPlan = job.state
         for (i, _, _), outcome in zip(read.members, placed, strict=True):
-            if isinstance(outcome, Reason):  # not provably ours: a miss, judged
-                plan.outcomes[i] = FailureReason.MISSING
-                await self._judge(job, obj, outcome)
-            else:
-                plan.outcomes[i] = outcome
-                if outcome is not None and self.io.holdings.drop(obj, job.keys[i]):
-                    self.io.delete_names([obj.name])  # ours and broken
+            # not provably ours: a miss to the engine
+            plan.outcomes[i] = FailureReason.MISSING if isinstance(outcome, Reason) else outcome
+        if not obj.packed:
+            failed = placed[0]  # a block object is one record
+            if failed is not None:
+                await self._judge(job, obj, failed)
+            return plan.outcomes[leader]
+        for (i, _, _), outcome in zip(read.members, placed, strict=True):
+            if outcome is not None and self.io.holdings.drop(obj, job.keys[i]):
+                self.io.delete_names([obj.name])  # ours and broken, no live block left
         return plan.outcomes[leader]
 
-    async def _judge(self, job: Job, obj: StoredObject, reason: Reason) -> None:
+    async def _judge(self, job: Job, obj: StoredObject, outcome: FailureReason | Reason) -> None:
         """On the loop, before the job is reported (so that no lookup after it finds
-        the object again): remember the block object `obj` as bad, by what the store
-        says identifies it - from the listing or HEAD that found it, or (an object
-        this engine stored, whose store time and ETag it never saw) a HEAD now; then
-        quarantine it (no magic: ours to count and evict) or let it go (another
-        namespace's or format's: left alone, uncounted)."""
+        the object again): remember the block object `obj` as bad by what the store
+        says identifies its bytes - from the listing or HEAD that found it, or (an
+        object this engine stored, whose ETag it never saw) a HEAD now, judged by its
+        size alone if that fails - then delete it (ours and broken) or quarantine it
+        (not provably ours: counted, never deleted)."""
         io = self.io
         info: ObjectInfo | None = ObjectInfo(obj.name, obj.size, obj.mtime, obj.etag)
         if obj.etag is None:
@@ -139,15 +143,18 @@ class Loads:
             except Exception as exc:  # noqa: BLE001 - judged by its size alone, then
                 io.errors.record("load", exc)
                 info = ObjectInfo(obj.name, obj.size, None, None)
-        if info is not None:
-            io.verdicts.remember(info, reason)
-        if reason is Reason.FOREIGN and info is not None:
-            doomed = io.holdings.quarantine(obj)
-            if doomed:
-                io.stats.evicted(len(doomed))
-                io.delete_later(doomed)
-        else:
+        if info is None:  # gone meanwhile: nothing to remember or delete
             io.holdings.drop(obj)
+            return
+        io.verdicts.remember(info, outcome if isinstance(outcome, Reason) else Reason.CORRUPT)
+        if not isinstance(outcome, Reason):
+            if io.holdings.drop(obj):
+                io.delete_names([obj.name])
+            return
+        doomed = io.holdings.quarantine(obj)
+        if doomed:
+            io.stats.evicted(len(doomed))
+            io.delete_later(doomed)
 
     def _end(self, job: Job) -> None:
         io = self.io

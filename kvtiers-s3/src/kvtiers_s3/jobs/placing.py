@@ -10,10 +10,11 @@ the loop.
 An outcome is None (placed and verified), `CORRUPT` (ours and broken: the caller
 drops it from the index and deletes the object) or a `codec.Reason` - `foreign`,
 `namespace`, `version`: a block object under our name that is not provably ours
-(no kvtiers-s3 magic, another namespace's or format's record), a miss to the job
-(`MISSING`) that the caller remembers as bad, never deletes on a load alone. A record
-of a packed segment is always provably ours - the segment's index, checksummed and
-of our namespace, says what it must be - so any record that is not it is `CORRUPT`.
+(no kvtiers-s3 magic and no checksum that proves it ours once the magic is put back,
+`layout.proof`; another namespace's or format's record), a miss to the job
+(`MISSING`) that the caller remembers and quarantines, never deletes. A record of a
+packed segment is always provably ours - the segment's index, checksummed and of
+our namespace, says what it must be - so any record that is not it is `CORRUPT`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kvtiers.sdk import ErrorCounts, FailureReason, Job, TierContext, verify
 from kvtiers_s3.holdings.catalog import BROKEN
 from kvtiers_s3.holdings.index import StoredObject
 from kvtiers_s3.jobs.ranges import Read
-from kvtiers_s3.layout import codec
+from kvtiers_s3.layout import codec, proof
 from kvtiers_s3.layout.codec import FormatError, Reason
 
 __all__ = ["Placed", "Placer"]
@@ -66,7 +67,7 @@ class Placer:
             header = codec.decode_header(head, self.fingerprint)
         except FormatError as exc:
             read_exact(body, length - len(head))  # keep the stream at the next record
-            return self.bad(obj, exc.reason, str(exc))
+            return self.bad(obj, *self._why(obj, key, head, exc))
         if header.key != key or header.payload_bytes != self.block_bytes \
                 or header.record_bytes != length:
             read_exact(body, length - len(head))
@@ -97,7 +98,8 @@ class Placer:
             header, payload = codec.decode_record(record, self.fingerprint, key=key,
                                                   payload_bytes=self.block_bytes, verify=False)
         except FormatError as exc:
-            return self.bad(obj, exc.reason, str(exc))
+            return self.bad(obj, *self._why(obj, key, record[:codec.header_bytes(len(key))],
+                                            exc))
         if member is not None and member.checksum is not None \
                 and member.checksum != header.checksum:
             return self.bad(obj, Reason.CORRUPT, "the record does not match the segment index")
@@ -107,13 +109,22 @@ class Placer:
             return self.bad(obj, Reason.CORRUPT, "block checksum mismatch")
         return None
 
+    def _why(self, obj: StoredObject, key: bytes, head: bytes | memoryview,
+             exc: FormatError) -> tuple[Reason, str]:
+        """Why a record did not parse; a block object whose magic alone is damaged is
+        ours and broken (`layout.proof`), not someone else's."""
+        if exc.reason is Reason.FOREIGN and not obj.packed \
+                and proof.record_is_ours(head, self.fingerprint, key):
+            return Reason.CORRUPT, "its magic is damaged (its header checksum proves it ours)"
+        return exc.reason, str(exc)
+
     def bad(self, obj: StoredObject, reason: Reason, why: str) -> Placed:
         """Count and log a record that is not the block (any thread)."""
         if obj.packed or reason in BROKEN:
             self.errors.note("load", "corrupt", f"{obj.name}: {why}; removed")
             return FailureReason.CORRUPT
-        self.errors.note("load", "foreign", f"{obj.name}: {why}; left alone, a miss until "
-                                            "it changes")
+        self.errors.note("load", "foreign", f"{obj.name}: {why}; not read again until it "
+                                            "changes, never deleted, counted as used")
         return reason
 
 

@@ -13,6 +13,10 @@ until it is reported; bytes changed behind its back would be a corrupt record,
 found at load); else the parts joined on a copier thread - bounded by `timeout_s`
 and the job's deadline. The end hook makes
 the stored objects visible and settles the other keys the way their request went.
+
+A key whose block object is quarantined (`holdings.index`: an object the tier cannot
+prove its own) fails `rejected`: the tier never overwrites what it did not write.
+A PUT of a name whose delete is in flight waits for the delete to return first.
 """
 
 from __future__ import annotations
@@ -93,10 +97,14 @@ class Stores:
                 todo.append(i)
         if not todo:
             return []
-        puts = self._requests(job, todo)
-        for put in puts:
-            if not put.packed:  # about to be overwritten: never evicted (deleted) now
-                io.holdings.release(put.name)
+        puts = []
+        for put in self._requests(job, todo):
+            if not put.packed and io.holdings.quarantined(put.name) is not None:
+                job.fail(put.indices[0], FailureReason.REJECTED)  # not ours to overwrite
+            else:
+                puts.append(put)
+        if not puts:
+            return []
         room = io.holdings.reserve([(p.oid, p.size) for p in puts])
         plan.room = room
         if room.evicted:
@@ -146,6 +154,8 @@ class Stores:
 
         began = time.perf_counter()
         try:
+            if put.name in io.deleting:  # a delete landing after the PUT would take it
+                await asyncio.wait_for(io.deleted(put.name), io.timeout(job))
             if io.store.streams:  # sent from the slots on the request's own thread
                 await asyncio.wait_for(io.store.put_made(put.name, make), io.timeout(job))
             else:

@@ -5,6 +5,7 @@ the bytes of each object and where it lives under the prefix.
   an object of the per-block layout is exactly one record.
 - `segment`: the packed segment - several records in one object, an index in front.
 - `names`: where objects live under the tier's prefix, and the only parser of names.
+- `proof`: whether an object whose magic is damaged is still provably the tier's.
 
 Pure functions, any thread: no I/O, no state.
 """
