@@ -21,17 +21,18 @@ def geometry(block_bytes: int) -> list[str]:
 
 
 class Node:
-    """`kvtiers serve --config CONFIG` started and waited for (its ready file)."""
+    """`kvtiers serve --config CONFIG` started and waited for (its ready file), with
+    `env` as its environment (`child_env()` when None)."""
 
     def __init__(self, config: dict[str, Any], tmp: Path, *args: str, model: str = MODEL,
-                 block_bytes: int = BB):
+                 block_bytes: int = BB, env: dict[str, str] | None = None):
         self.ready = tmp / f"ready-{time.monotonic_ns()}.json"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvtiers", "serve", "--config", json.dumps(config),
              "--model", model, *geometry(block_bytes), "--ready-file", str(self.ready),
              "--status-every", "0.2", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-            cwd=ROOT)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=child_env() if env is None else env, cwd=ROOT)
         end = time.monotonic() + 60
         while not self.ready.exists():
             if self.proc.poll() is not None or time.monotonic() > end:

@@ -2,7 +2,8 @@
 not errors). `kvtiers serve`, whose only work is serving, says which address and
 why, and exits 2 without a traceback; an engine's p2p tier serves no peers, says so
 once, counts it, and goes on pulling from its peers; `kvtiers bench` with such a
-tier runs to its end. Real processes and sockets on loopback."""
+tier runs to its end. A `--metrics-port` in use stops `kvtiers serve` and `kvtiers
+bench` before they start, exit 2. Real processes and sockets on loopback."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def test_kvtiers_serve_on_a_taken_port_exits_2_naming_the_address(taken: int) ->
     assert "Traceback" not in done.stderr, done.stderr
     assert (f"kvtiers serve: cannot listen on tcp://127.0.0.1:{taken}: the address is in "
             "use") in done.stderr, done.stderr
-    assert "secondary_tiers[0].port" in done.stderr  # what to change
+    assert ("pick another port (the config's secondary_tiers[0].port; 0 picks a free one)"
+            in done.stderr), done.stderr  # what to change
     assert "ZMQError" not in done.stderr
 
 
@@ -65,7 +67,7 @@ def test_an_engine_tier_on_a_taken_port_serves_nothing_and_still_pulls(
     assert tier.stats().errors == {"serve.EADDRINUSE": 1}
     warned = [r.getMessage() for r in caplog.records if "cannot listen" in r.getMessage()]
     assert len(warned) == 1 and f"tcp://127.0.0.1:{taken}" in warned[0], warned
-    assert "in use" in warned[0]
+    assert "in use" in warned[0] and "pick another port (the `port` of tier" in warned[0]
     # Pulling is untouched: random blocks stored at the source load here, verified.
     keys = keys_for(f"taken-{uuid.uuid4()}", 6)
     source.store(keys)
@@ -103,8 +105,38 @@ def test_kvtiers_bench_with_a_p2p_tier_on_a_taken_port_completes(
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "all match" in done.stdout
     assert f"cannot listen on tcp://127.0.0.1:{taken}" in done.stderr
+    assert "serve.EADDRINUSE: 1" in done.stdout  # the tiers table's errors column
     p2p = json.loads(out.read_text())["result"]["tiers"]["p2p"]
     assert p2p["tier_errors"] == {"serve.EADDRINUSE": 1}
+
+
+def test_kvtiers_serve_with_a_taken_metrics_port_exits_2_naming_it(taken: int) -> None:
+    config = {"cpu_bytes_to_use": SLOTS * BB, "secondary_tiers": [
+        {"type": "p2p", "host": "127.0.0.1", "port": 0, "data_plane": "zmq", **FAST}]}
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtiers", "serve", "--config", json.dumps(config),
+         "--model", MODEL, *geometry(BB), "--status-every", "0", "--metrics-port",
+         str(taken)],
+        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (f"error: cannot serve metrics on http://127.0.0.1:{taken}/metrics: the port is "
+            "in use") in done.stderr, done.stderr
+    assert "0 picks a free one" in done.stderr
+
+
+def test_kvtiers_bench_with_a_taken_metrics_port_refuses_before_running(
+        taken: int) -> None:
+    from tests.bench.conftest import TINY
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtiers", "bench", *TINY, "--metrics-port", str(taken)],
+        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (f"error: cannot serve metrics on http://127.0.0.1:{taken}/metrics: the port is "
+            "in use") in done.stderr, done.stderr
+    assert "verified:" not in done.stdout  # no run started
 
 
 @pytest.mark.parametrize(("host", "kind", "reason"), [

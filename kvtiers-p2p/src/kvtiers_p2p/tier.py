@@ -82,7 +82,7 @@ from kvtiers_p2p.pull.pushes import Pushes
 from kvtiers_p2p.pull.session import LinkOptions
 from kvtiers_p2p.schema import P2P_SCHEMA
 from kvtiers_p2p.serve.server import ListenError, PeerServer, ServeLimits, StoreSink
-from kvtiers_p2p.wire.handshake import Identity, seed_fingerprint
+from kvtiers_p2p.wire.handshake import Identity, describe_namespace, seed_fingerprint
 from kvtiers_p2p.wire.nixl_plane import NixlPlane
 from kvtiers_p2p.wire.protocol import MAX_KEYS, DataPlane, State
 from kvtiers_p2p.wire.security import CurveKeys
@@ -126,7 +126,7 @@ class P2PTier(SecondaryTier):
         peer_id = options["peer_id"] or f"{socket.gethostname()}:{os.getpid()}"
         self.identity = Identity(peer_id, ctx.namespace.fingerprint,
                                  seed_fingerprint(options["hash_seed"]), ctx.block_bytes,
-                                 self._kinds)
+                                 self._kinds, describe_namespace(ctx.namespace))
         curve = options["curve"]
         self._curve = CurveKeys.from_config(curve) if curve else None
         keepalive, reconnect = options["keepalive"], options["reconnect"]
@@ -337,11 +337,16 @@ class P2PTier(SecondaryTier):
             self.start_serving(parent)
         except Exception as exc:  # noqa: BLE001 - invariant 5: counted and logged
             self._serve_error = exc
-            kind = errno_name(exc) if isinstance(exc, ListenError) else type_name(exc)
-            self._errors.count(
-                f"serve.{kind}",
-                f"{exc if isinstance(exc, ListenError) else f'cannot serve peers: {exc!r}'}; "
-                "this engine serves no peers (its pulls from peers go on)")
+            if isinstance(exc, ListenError):
+                tier = f"tier {self.ctx.name or 'p2p'!r}"
+                self._errors.count(
+                    f"serve.{errno_name(exc)}",
+                    f"{exc}; this engine serves no peers (its pulls from peers go on): "
+                    + exc.what_to_do(f"the `port` of {tier}", f"the `host` of {tier}"))
+            else:
+                self._errors.count(f"serve.{type_name(exc)}",
+                                   f"cannot serve peers: {exc!r}; this engine serves no "
+                                   "peers (its pulls from peers go on)")
 
     @property
     def serve_error(self) -> Exception | None:

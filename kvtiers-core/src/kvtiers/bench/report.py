@@ -153,7 +153,7 @@ def print_run(console: Console, run: RunResult, header: Sequence[str] = ()) -> N
             _n(t["misses"]),
             _n(t["evictions"]),
             _n(t["cascades_dropped"]),
-            _errors(t["errors"]),
+            _errors({**t["errors"], **t.get("tier_errors", {})}),
         )
     console.print(tiers)
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from kvtiers.metrics.prometheus import (
         METRICS_EXTRA,
         MetricsExporter,
+        MetricsPortError,
         MetricsServer,
         require_prometheus,
     )
@@ -36,6 +37,7 @@ __all__ = [
     "HistogramValue",
     "MeteredManager",
     "MetricsExporter",
+    "MetricsPortError",
     "MetricsRecorder",
     "MetricsServer",
     "require_prometheus",
@@ -47,6 +49,7 @@ _LAZY = {
     "MeteredManager": "kvtiers.metrics.instrument",
     "METRICS_EXTRA": "kvtiers.metrics.prometheus",
     "MetricsExporter": "kvtiers.metrics.prometheus",
+    "MetricsPortError": "kvtiers.metrics.prometheus",
     "MetricsServer": "kvtiers.metrics.prometheus",
     "require_prometheus": "kvtiers.metrics.prometheus",
 }

@@ -11,11 +11,12 @@ it never calls into the manager or a tier.
 
 from __future__ import annotations
 
+import errno
 import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvtiers.errors import MissingExtraError
+from kvtiers.errors import KvtiersError, MissingExtraError
 from kvtiers.metrics.defs import (
     ALL_METRICS,
     MANAGER_METRICS,
@@ -100,11 +101,31 @@ class MetricsExporter:
         return reg
 
     def serve(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
-        """Serve `/metrics` on `host:port` (0: a free port) from a daemon thread."""
+        """Serve `/metrics` on `host:port` (0: a free port) from a daemon thread.
+        `MetricsPortError` when it cannot listen there (the port in use, say)."""
         from prometheus_client import start_http_server
 
-        server, thread = start_http_server(port, addr=host, registry=self.registry())
+        try:
+            server, thread = start_http_server(port, addr=host, registry=self.registry())
+        except OSError as exc:
+            raise MetricsPortError(host, port, exc) from exc
         return MetricsServer(server, thread)
+
+
+class MetricsPortError(KvtiersError):
+    """`MetricsExporter.serve` cannot listen on its address: the message says which,
+    why, and what to change (the commands print it and exit 2)."""
+
+    def __init__(self, host: str, port: int, cause: OSError):
+        self.errno = cause.errno
+        if cause.errno == errno.EADDRINUSE:
+            why = ("the port is in use (another program holds it); pick another port "
+                   "(0 picks a free one) or stop that program")
+        elif cause.errno == errno.EACCES:
+            why = "permission denied (ports below 1024 need privileges); pick another port"
+        else:
+            why = cause.strerror or str(cause) or type(cause).__name__
+        super().__init__(f"cannot serve metrics on http://{host}:{port}/metrics: {why}")
 
 
 class MetricsServer:

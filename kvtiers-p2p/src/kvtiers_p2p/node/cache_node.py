@@ -14,7 +14,6 @@ takes a lock when a tier serves peers).
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import Sequence
 
@@ -54,14 +53,9 @@ class CannotListen(KvtiersError):
         self.address = cause.address
         self.reason = cause.reason
         self.errno = cause.errno
-        if cause.errno == errno.EADDRINUSE:
-            what = ("pick another port (the config's secondary_tiers[{i}].port; 0 picks a "
-                    "free one) or stop that one")
-        else:
-            what = ("check the config's secondary_tiers[{i}].host and .port (0 picks a "
-                    "free port)")
-        super().__init__(f"kvtiers serve: cannot listen on {cause.address}: {cause.reason}; "
-                         + what.format(i=index))
+        field = f"the config's secondary_tiers[{index}]"
+        super().__init__(f"kvtiers serve: {cause}; "
+                         + cause.what_to_do(f"{field}.port", f"{field}.host"))
 
 
 class _NoCopies(AdmissionPolicy):

@@ -298,7 +298,8 @@ class PeerSession:
         elif isinstance(message, Refused):
             self.state = REFUSED
             self.reason = message.reason
-            self._log.error("peer %s refused this engine: %s", self.endpoint, message.reason)
+            self._log.error("the peer at %s refused this engine: %s", self.endpoint,
+                            message.reason)
             return True
         elif isinstance(message, (LookupReply, TransferDone, StoreDone, ErrorReply)):
             future = self._pending.get(message.req)

@@ -54,7 +54,7 @@ from kvtiers.sdk import BlockKey, LookupResult, ParentManager, PoolView, checksu
 from kvtiers_p2p.serve.sessions import ServeLimits, Session, Shipment, StoreSink
 from kvtiers_p2p.serve.sums import BlockSums
 from kvtiers_p2p.wire.codec import ProtocolError, check_slots, decode_client, encode
-from kvtiers_p2p.wire.handshake import Identity, choose_plane, refusal
+from kvtiers_p2p.wire.handshake import Identity, Refusal, choose_plane, refusal
 from kvtiers_p2p.wire.nixl_plane import NixlPlane
 from kvtiers_p2p.wire.protocol import (
     MAX_KEYS,
@@ -119,6 +119,13 @@ class ListenError(KvtiersError):
         self.reason = listen_reason(cause)
         self.errno: int | None = code if isinstance(code, int) else None
         super().__init__(f"cannot listen on {address}: {self.reason}")
+
+    def what_to_do(self, port: str, host: str) -> str:
+        """What the user changes, `port` and `host` naming the config's fields
+        ("the config's secondary_tiers[0].port", ...)."""
+        if self.errno == errno.EADDRINUSE:
+            return f"pick another port ({port}; 0 picks a free one) or stop what holds it"
+        return f"check {host} and {port} (0 picks a free port)"
 
 
 class PeerServer:
@@ -287,14 +294,17 @@ class PeerServer:
             self._drop(ident, why=f"said goodbye ({message.reason[:100]})")
 
     def _hello(self, sock: zmq.Socket[bytes], ident: bytes, hello: Hello, now: float) -> None:
-        reason = refusal(self._identity, hello)
-        if reason is None and ident not in self._sessions and (
+        node = self._sink is not None  # a `kvtiers serve` cache node takes stores
+        verdict = refusal(self._identity, hello, endpoint=self.endpoint, node=node)
+        if verdict is None and ident not in self._sessions and (
                 len(self._sessions) >= self._limits.max_sessions):
-            reason = f"this server serves at most {self._limits.max_sessions} peers at once"
-        if reason is not None:
+            most = f"serves at most {self._limits.max_sessions} peers at once"
+            verdict = Refusal(f"this {'node' if node else 'engine'} {most}",
+                              f"the {'node' if node else 'peer'} at {self.endpoint} {most}")
+        if verdict is not None:
             self.counters["refused"] += 1
-            self._log.warning("refused peer %r: %s", hello.peer_id[:100], reason)
-            self._send(sock, ident, Refused(reason))
+            self._log.warning("refused peer %r: %s", hello.peer_id[:100], verdict.for_server)
+            self._send(sock, ident, Refused(verdict.for_puller))
             return
         if ident in self._sessions:  # a second hello: a new session replaces the old
             self._drop(ident, why=None)

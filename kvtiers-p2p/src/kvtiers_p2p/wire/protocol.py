@@ -7,7 +7,8 @@ the ZeroMQ data plane is followed by one frame per block it ships.
 A session, puller (DEALER) to server (ROUTER):
 
 1. the puller sends `Hello` (protocol version, namespace fingerprint, hash seed,
-   block size, capabilities, its data-plane descriptor); the server answers
+   block size, capabilities, its data-plane descriptor, its namespace in words
+   for a refusal's reason); the server answers
    `Welcome` (the data plane chosen, its keep-alive interval) or `Refused` with a
    reason, which both sides log. Anything but `Hello` from a peer without a
    session gets `Disconnect` ("no session"): the puller says hello again.
@@ -68,7 +69,7 @@ __all__ = [
 
 #: bumped on any change of a message's fields or meaning; peers of other versions
 #: are refused at the handshake
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 #: keys in one Lookup or Fetch (one job is at most the manager's max_job_blocks)
 MAX_KEYS = 4096
@@ -137,6 +138,9 @@ class Hello(_Message, tag="hello"):
     block_bytes: _Size
     capabilities: _Capabilities  # data planes the puller can use, preferred first
     data_plane: DataPlane
+    #: the puller's namespace in words (model, revision, geometry), for the reason
+    #: of a refusal; empty from a puller that does not say (named by fingerprint)
+    described: _Reason = ""
 
 
 class Welcome(_Message, tag="welcome"):
@@ -156,7 +160,9 @@ class Welcome(_Message, tag="welcome"):
 
 
 class Refused(_Message, tag="refused"):
-    """Server -> puller: the handshake failed, and why (both sides log it)."""
+    """Server -> puller: the handshake failed, and why (both sides log it), worded
+    for the puller: "this engine" is the puller, the server is "the node (or peer)
+    at ADDRESS"."""
 
     reason: _Reason
 
