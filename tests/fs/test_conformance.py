@@ -1,5 +1,6 @@
 """The shared conformance suite, with every capability hook: the fs tier is
-persistent (restart), verifying (corrupt) and shared (sibling)."""
+persistent (restart), verifying (corrupt) and shared (sibling); `stored_bytes`
+walks the namespace's block files."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ class TestFsTierConformance(TierConformance):
             os.pwrite(fd, bytes([byte ^ 0xFF]), at)
         finally:
             os.close(fd)
+
+    def stored_bytes(self, tier: SecondaryTier) -> int:
+        """Every file under the namespace's `blocks/` (block files, and temporaries
+        a store left behind), by a walk of the root: what the tier counts against
+        its capacity is the size of its block files."""
+        blocks = self.tmp_path / "root" / tier.ctx.namespace.fingerprint / "blocks"
+        return sum(path.lstat().st_size for path in blocks.rglob("*") if path.is_file())
 
     def sibling(self, tier: SecondaryTier, ctx: TierContext) -> SecondaryTier:
         """A second instance on the same root: its own writer id, journal reader,

@@ -1,7 +1,8 @@
 """The shared conformance suite against a real redis-server, with every hook of a
 persistent, verifying tier: restart (close and open again on the same server),
-corrupt (a byte of the block flipped in the stored value) and truncate (the value
-cut short), both through a raw client of the test's own."""
+corrupt (a byte of the block flipped in the stored value), truncate (the value
+cut short) and stored_bytes (the block values counted), all through a raw client
+of the test's own."""
 
 from __future__ import annotations
 
@@ -49,6 +50,14 @@ class TestRedisTierConformance(TierConformance):
             assert isinstance(value, bytes), "the key is not stored"
             at = len(value) - self.block_bytes // 2  # a byte of the block
             raw.setrange(name, at, bytes([value[at] ^ 0xFF]))
+
+    def stored_bytes(self, tier: SecondaryTier) -> int:
+        """The block values of the tier's namespace, counted by a SCAN of our own
+        client: the tier counts `block_bytes` for each against its capacity."""
+        pattern = f"{self.prefix}:{tier.ctx.namespace.fingerprint}:b:*"
+        with self.server.client() as raw:
+            names = list(raw.scan_iter(match=pattern, count=1000))
+        return len(names) * tier.ctx.block_bytes
 
     def truncate(self, tier: SecondaryTier, key: bytes) -> None:
         name = self._name(tier, key)

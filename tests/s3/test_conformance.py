@@ -1,7 +1,8 @@
 """The shared conformance suite, with every capability hook, against each real
 server and without one (memory://): the s3 tier is persistent (restart),
-verifying (corrupt, truncate) and shared (sibling). Both layouts run: per-block
-objects on the servers, packed segments on SeaweedFS and memory://."""
+verifying (corrupt, truncate) and shared (sibling); `stored_bytes` lists its
+prefix. Both layouts run: per-block objects on the servers, packed segments on
+SeaweedFS and memory://."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class _S3Conformance(TierConformance):
     @pytest.fixture(autouse=True)
     def _s3_prefix(self, request: pytest.FixtureRequest) -> Iterator[None]:
         self.server: S3Server | None = None
+        self.raw: Any = None  # a boto3 client of the test's own, made on first use
         if self.server_kind is None:
             self.url = f"memory://kvtiers-conformance/{uuid.uuid4().hex[:12]}"
             self.storage: dict[str, Any] = {}
@@ -52,6 +54,24 @@ class _S3Conformance(TierConformance):
 
     def sibling(self, tier: SecondaryTier, ctx: TierContext) -> SecondaryTier:
         return S3Tier(ctx, tier.config)
+
+    def stored_bytes(self, tier: SecondaryTier) -> int:
+        """The objects under the namespace's block and segment prefixes, by a raw
+        listing: boto3 on a server, the memory filesystem itself for memory://.
+        The tier counts each object's size against its capacity."""
+        fp = tier.ctx.namespace.fingerprint
+        if self.server is None:
+            memory = fsspec.filesystem("memory", skip_instance_cache=True)
+            root = "/" + self.url.removeprefix("memory://")
+            return sum(info["size"] for kind in ("b", "s")
+                       for info in memory.find(f"{root}/{fp}/{kind}", detail=True).values())
+        bucket, _, name = self.url.removeprefix("s3://").partition("/")
+        if self.raw is None:
+            self.raw = self.server.client()
+        pages = self.raw.get_paginator("list_objects_v2")
+        return sum(obj["Size"] for kind in ("b", "s")
+                   for page in pages.paginate(Bucket=bucket, Prefix=f"{name}/{fp}/{kind}/")
+                   for obj in page.get("Contents", []))
 
     def _rewrite(self, tier: SecondaryTier, key: bytes, change: Any) -> None:
         """Rewrite the object holding `key` behind the tier's back."""

@@ -73,6 +73,29 @@ class TestToyTier(TierConformance):
         tier.cut(key)
 
 
+class TestToyTierOnDisk(TestToyTier):
+    """Persistent: block files and a recency file under tmp_path, which
+    `stored_bytes` measures from outside the tier."""
+
+    def make_tier(
+        self, ctx: TierContext, capacity_bytes: int, eviction_policy: str = "arc"
+    ) -> SecondaryTier:
+        return ToyTier(ctx, {"capacity_bytes": capacity_bytes, "root_dir": str(self.root),
+                             "eviction_policy": eviction_policy, **self.options})
+
+    @property
+    def root(self) -> Path:
+        return self.tmp_path / "toy"
+
+    def restart(self, tier: SecondaryTier, ctx: TierContext) -> SecondaryTier:
+        tier.close()
+        return ToyTier(ctx, tier.config)
+
+    def stored_bytes(self, tier: SecondaryTier) -> int:
+        blocks = self.root / tier.ctx.namespace.fingerprint / "blocks"
+        return sum(path.stat().st_size for path in blocks.iterdir())
+
+
 class TestToyTierSerialStoresFirst(TestToyTier):
     """One I/O thread that takes stores before loads: a load waits behind stores."""
 
@@ -213,8 +236,12 @@ class _Toy(TestToyTier):
     timeout_s = 1.0  # a held gate or a lost result costs this, not the default bound
 
 
-def _toy(bugs: set[str], **options: Any) -> _Toy:
-    class Suite(_Toy):
+class _DiskToy(TestToyTierOnDisk):
+    timeout_s = 1.0
+
+
+def _toy(bugs: set[str], *, on_disk: bool = False, **options: Any) -> TestToyTier:
+    class Suite(_DiskToy if on_disk else _Toy):  # type: ignore[misc]
         pass
 
     Suite.options = {"bugs": sorted(bugs), **options}
@@ -245,6 +272,12 @@ CAUGHT = [
     ("slot_error_ok", {}, "test_a_slot_the_tier_cannot_reach_fails_its_key_only",
      "did not fail that key"),
     ("ignore_group", {}, "test_keys_differing_only_in_group_are_distinct", "group"),
+    ("keep_evicted", {"on_disk": True}, "test_store_holds_what_usage_reports",
+     "blocks not deleted"),
+    ("keep_damaged", {"on_disk": True}, "test_corrupt_copy_fails_load_then_misses",
+     "blocks not deleted"),
+    ("forget_recency", {"on_disk": True}, "test_persistent_uses_survive_restart",
+     "recency of uses was lost"),
 ]
 
 
@@ -320,3 +353,30 @@ def test_a_tier_that_copies_on_the_callers_thread_is_named(tmp_path: Path) -> No
 
     with pytest.raises(AssertionError, match="never reached slot"):
         run_suite_test(Suite(), "test_store_is_no_hit_before_its_bytes_are_in", tmp_path)
+
+
+def test_the_usage_test_is_skipped_without_stored_bytes(tmp_path: Path) -> None:
+    with pytest.raises(pytest.skip.Exception, match=r"does not implement stored_bytes\(\)"):
+        run_suite_test(_toy(set()), "test_store_holds_what_usage_reports", tmp_path)
+
+
+@pytest.mark.parametrize("extra, overhead, message", [
+    (100, 0, "blocks not deleted"),  # more on the store than the tier counts
+    (-1, 0, "counts bytes its store does not hold"),
+    (100, 100, None),  # a fixed extra the class states
+])
+def test_the_usage_test_compares_the_measure_with_usage(
+    extra: int, overhead: int, message: str | None, tmp_path: Path
+) -> None:
+    class Measured(_DiskToy):
+        stored_overhead_bytes = overhead
+
+        def stored_bytes(self, tier: SecondaryTier) -> int:
+            return super().stored_bytes(tier) + extra
+
+    Measured.options = {}
+    if message is None:
+        run_suite_test(Measured(), "test_store_holds_what_usage_reports", tmp_path)
+    else:
+        with pytest.raises(AssertionError, match=message):
+            run_suite_test(Measured(), "test_store_holds_what_usage_reports", tmp_path)

@@ -8,19 +8,27 @@ eviction policy is a registered one (`eviction_policy`, default "lru") holding
 committed blocks only; pins are counted per key; a store job reserves room for
 its new blocks before copying and pins its present ones, so eviction never takes
 a pinned block nor one of the job's own. `threads` I/O threads take loads before
-stores unless `loads_first` is false. One lock, held for dictionary work only.
+stores unless `loads_first` is false. One lock, held for dictionary work (and,
+on disk, for writing or deleting one block file).
+
+With `root_dir` the tier is persistent: each committed block is also a file
+`<root_dir>/<namespace fingerprint>/blocks/<key hex>`, deleted when the block
+leaves; `close` writes the recency order (least recently used first) to `recency`
+next to them, and opening reads the blocks back in that order.
 
 Config: `capacity_bytes`, `threads` (2), `loads_first` (true), `eviction_policy`
-("lru"), `bugs` (a list of names from `BUGS`).
+("lru"), `root_dir` (none: memory only), `bugs` (a list of names from `BUGS`).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvtiers import FailureReason, JobResult, LookupResult, SecondaryTier, TierContext
@@ -44,6 +52,9 @@ BUGS = {
     "no_deadline": "deadlines are ignored",
     "slot_error_ok": "a store whose slot raises reports the key ok",
     "ignore_group": "keys are indexed without their KV-group index",
+    "keep_evicted": "an evicted block leaves the index, but its file stays (root_dir)",
+    "keep_damaged": "a copy dropped as damaged leaves the index, its file stays (root_dir)",
+    "forget_recency": "the recency saved at close is the order of stores (root_dir)",
 }
 
 
@@ -83,6 +94,14 @@ class ToyTier(SecondaryTier):
         self._reported: list[JobResult] = []
         self._active = 0
         self._closed = False
+        root = config.get("root_dir")
+        self._dir = None if root is None else Path(root) / ctx.namespace.fingerprint
+        self.persistent = self._dir is not None
+        self._ticks = itertools.count()
+        self._stored_at: dict[bytes, int] = {}  # when each block was stored
+        self._used_at: dict[bytes, int] = {}  # when each block was last stored or used
+        if self._dir is not None:
+            self._read_back(self._dir)
         self._threads = [
             threading.Thread(target=self._work, name=f"toy-tier-{i}", daemon=True)
             for i in range(int(config.get("threads", 2)))
@@ -128,7 +147,7 @@ class ToyTier(SecondaryTier):
         with self._lock:
             for key in map(self._k, keys):
                 if key in self._blocks:
-                    self._policy.touch(key)
+                    self._use(key)
 
     def get_finished_jobs(self) -> list[JobResult]:
         with self._lock:
@@ -154,6 +173,11 @@ class ToyTier(SecondaryTier):
             self._lock.notify_all()
         for thread in self._threads:
             thread.join()
+        if self._dir is not None:
+            stamps = self._stored_at if "forget_recency" in self.bugs else self._used_at
+            held = [k for k, block in self._blocks.items() if block.data is not None]
+            order = sorted(held, key=stamps.__getitem__)
+            (self._dir / "recency").write_text("".join(f"{k.hex()}\n" for k in order))
         if "report_again" in self.bugs:
             with self._lock:
                 self._finished += [JobResult(r.job_id, [], dict.fromkeys(
@@ -180,7 +204,47 @@ class ToyTier(SecondaryTier):
             assert block.data is not None
             block.data = block.data[: len(block.data) // 2]
 
+    # Persistence (root_dir).
+
+    def _read_back(self, where: Path) -> None:
+        """The blocks a previous instance left, least recently used first."""
+        (where / "blocks").mkdir(parents=True, exist_ok=True)
+        recency = where / "recency"
+        names = recency.read_text().split() if recency.exists() else []
+        for name in names:
+            path = where / "blocks" / name
+            if path.exists():
+                data = path.read_bytes()
+                k = bytes.fromhex(name)
+                self._blocks[k] = _Block(data, checksum(data))
+                self._policy.insert(k)
+                self._stored_at[k] = self._used_at[k] = next(self._ticks)
+
+    def _file(self, key: bytes) -> Path | None:
+        return None if self._dir is None else self._dir / "blocks" / key.hex()
+
     # Under the lock.
+
+    def _commit(self, key: bytes, data: bytes) -> None:
+        path = self._file(key)
+        if path is not None:
+            path.write_bytes(data)
+        self._blocks[key] = _Block(data, checksum(data))
+        self._policy.insert(key)
+        self._stored_at[key] = self._used_at[key] = next(self._ticks)
+
+    def _use(self, key: bytes) -> None:
+        self._policy.touch(key)
+        self._used_at[key] = next(self._ticks)
+
+    def _forget(self, key: bytes, *, evicted: bool) -> None:
+        """`key` left the index: its file goes too (unless a bug keeps it)."""
+        self._stored_at.pop(key, None)
+        self._used_at.pop(key, None)
+        path = self._file(key)
+        kept = "keep_evicted" if evicted else "keep_damaged"
+        if path is not None and kept not in self.bugs:
+            path.unlink(missing_ok=True)
 
     def _finish(self, result: JobResult, load: bool) -> None:
         if load or "no_write_stats" not in self.bugs:
@@ -208,7 +272,9 @@ class ToyTier(SecondaryTier):
             victims = self._policy.evict(1)
             if not victims:
                 return False
-            del self._blocks[victims[0]]  # type: ignore[arg-type]
+            victim: bytes = victims[0]  # type: ignore[assignment]
+            del self._blocks[victim]
+            self._forget(victim, evicted=True)
             if "no_eviction_count" not in self.bugs:
                 self._stats.evicted()
         return True
@@ -217,6 +283,7 @@ class ToyTier(SecondaryTier):
         if self._blocks.get(key) is block:
             del self._blocks[key]
             self._policy.remove(key)
+            self._forget(key, evicted=False)
 
     # I/O threads.
 
@@ -265,7 +332,7 @@ class ToyTier(SecondaryTier):
         with self._lock:
             present = [k for k in map(self._k, job.keys) if k in self._blocks]
             for key in present:  # the job's own: never a victim while it runs
-                self._policy.touch(key)
+                self._use(key)
                 self._pin(key)
             for key, slot in zip(job.keys, job.slots, strict=True):
                 k = self._k(key)
@@ -292,8 +359,7 @@ class ToyTier(SecondaryTier):
             for key, k, data in copies:
                 block = self._blocks.get(k)
                 if block is None or block.data is None:
-                    self._blocks[k] = _Block(data, checksum(data))
-                    self._policy.insert(k)
+                    self._commit(k, data)
                 result.ok.append(key)
             for _, k, _ in todo:  # hit_early: placeholders of failed copies go
                 block = self._blocks.get(k)
@@ -316,8 +382,7 @@ class ToyTier(SecondaryTier):
                 if not self._make_room():
                     result.failed[key] = FailureReason.FULL
                     continue
-                self._blocks[k] = _Block(data, checksum(data))
-                self._policy.insert(k)
+                self._commit(k, data)
             result.ok.append(key)
             result.bytes_moved += len(data)
         return result
@@ -355,6 +420,6 @@ class ToyTier(SecondaryTier):
             if "load_no_refresh" not in self.bugs:
                 for key in map(self._k, result.ok):
                     if key in self._blocks:
-                        self._policy.touch(key)
+                        self._use(key)
         result.bytes_moved = len(result.ok) * bb
         return result

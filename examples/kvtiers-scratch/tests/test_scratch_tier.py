@@ -38,6 +38,12 @@ class TestScratchTier(TierConformance):
         keep = CHECKSUM_BYTES + tier.ctx.block_bytes // 2
         path.write_bytes(path.read_bytes()[:keep])
 
+    def stored_bytes(self, tier: SecondaryTier) -> int:
+        """What the block files in the directory hold, less each file's checksum:
+        the tier counts block bytes against its capacity."""
+        files = (self.tmp_path / "scratch").glob("*.kv")
+        return sum(path.stat().st_size - CHECKSUM_BYTES for path in files)
+
     @staticmethod
     def _path(tier: SecondaryTier, key: bytes) -> Path:
         assert isinstance(tier, ScratchTier)

@@ -51,6 +51,14 @@ class TestSqliteTier(TierConformance):
                 (bytes([data[0] ^ 0xFF]) + data[1:], *where),
             )
 
+    def stored_bytes(self, tier: SecondaryTier) -> int:
+        """The block bytes of every row in the file (the bound is the whole file's),
+        through a connection of our own."""
+        assert isinstance(tier, SqliteTier)
+        with contextlib.closing(sqlite3.connect(tier.path)) as db:
+            (total,) = db.execute("SELECT COALESCE(SUM(length(data)), 0) FROM blocks").fetchone()
+        return int(total)
+
 
 # --- particular to this tier -------------------------------------------------------
 

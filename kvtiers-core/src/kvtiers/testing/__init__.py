@@ -23,6 +23,11 @@ collects the whole suite for your tier::
         # optional, verifying tiers: cut the stored copy short (else skipped)
         def truncate(self, tier, key): ...
 
+        # optional, any tier: what the backing store holds, measured from outside
+        # the tier, in the units it counts against capacity (else skipped)
+        def stored_bytes(self, tier):
+            return sum(p.stat().st_size for p in (self.tmp_path / "blocks").iterdir())
+
 Capability tests run when the tier *instance* sets the flag (`persistent`,
 `verifies`, `shared`) and are skipped, with the reason, when it does not; a flag
 set without its hook fails. Class settings: `block_bytes`, `num_slots`,
@@ -31,8 +36,9 @@ never reports a job fails instead of hanging), `concurrent_jobs` (set True when 
 tier runs a store while a load is in flight: unlocks the test that holds a load
 while another job must finish), `gated_pool` (False if the tier reaches slot bytes
 other than through `PoolView.block()`), `eviction_order` ("lru" by default: None
-when the tier's default policy is not LRU). A `make_tier` that takes an
-`eviction_policy` keyword gets "lru" from the eviction-order tests.
+when the tier's default policy is not LRU), `stored_overhead_bytes` (0: how much
+more than usage, and than the bound, `stored_bytes` may measure). A `make_tier`
+that takes an `eviction_policy` keyword gets "lru" from the eviction-order tests.
 
 The suite sleeps for nothing: every context runs on a `ManualClock`, deadlines are
 tested by advancing it, and a `GatedPool` holds a tier's I/O mid-job (a thread
@@ -70,14 +76,18 @@ from kvtiers.testing._helpers import (
     wait_until,
 )
 from kvtiers.testing._inflight_tests import InFlightTests
+from kvtiers.testing._usage_tests import StoreUsageTests
 
 
-class TierConformance(CoreTests, EvictionTests, InFlightTests, CapabilityTests):
+class TierConformance(
+    CoreTests, EvictionTests, StoreUsageTests, InFlightTests, CapabilityTests
+):
     """Subclass as `class TestMyTier(TierConformance)` and implement make_tier.
 
     Hooks: `make_tier(ctx, capacity_bytes[, eviction_policy])` (required),
     `restart(tier, ctx)` (persistent tiers), `corrupt(tier, key)` (verifying
-    tiers), `sibling(tier, ctx)` (shared tiers), `truncate(tier, key)` (optional).
+    tiers), `sibling(tier, ctx)` (shared tiers), `truncate(tier, key)` and
+    `stored_bytes(tier)` (optional).
     See `TierSuiteBase` for each hook's contract and the class settings.
     """
 
@@ -93,6 +103,7 @@ __all__ = [
     "InFlightTests",
     "JobTracker",
     "ManualClock",
+    "StoreUsageTests",
     "TierConformance",
     "TierSuiteBase",
     "check_blocks",

@@ -49,6 +49,10 @@ class TierSuiteBase:
     #: Not consulted when `make_tier` takes an `eviction_policy` keyword: the
     #: order tests then pass `eviction_policy="lru"` and the other tests pass none.
     eviction_order: ClassVar[str | None] = "lru"
+    #: bytes the `stored_bytes` measure may hold beyond the tier's usage (and so
+    #: beyond the bound), fixed whatever the tier stores: a manifest or header the
+    #: hook cannot leave out. 0: the measure must equal usage.
+    stored_overhead_bytes: ClassVar[int] = 0
 
     tmp_path: Path
 
@@ -84,6 +88,16 @@ class TierSuiteBase:
         """Verifying tiers, optional (its test is skipped without it): cut the stored
         copy of `key` short, behind the tier's back, as a torn write or a short
         read would leave it (keep the first half of the block's bytes)."""
+        raise NotImplementedError
+
+    def stored_bytes(self, tier: SecondaryTier) -> int:
+        """Optional, any tier (its test is skipped without it): what the tier's
+        backing store holds for `tier`'s namespace, measured from outside the tier
+        (its files under the root, a raw listing of its prefix, its rows, its keys),
+        in the units the tier counts against `capacity_bytes` (whole files or objects
+        where it counts those, the block bytes of each value where it counts those).
+        Never ask the tier itself: the point is to catch usage that forgets bytes
+        still stored, such as evicted blocks whose files were never deleted."""
         raise NotImplementedError
 
     # Per-test plumbing.

@@ -11,14 +11,18 @@ from kvtiers.contract.jobs import FailureReason
 from kvtiers.contract.lookup import LookupResult
 from kvtiers.contract.tier import SecondaryTier
 from kvtiers.testing._base import TierSuiteBase
+from kvtiers.testing._eviction_tests import BOUND
 from kvtiers.testing._helpers import (
+    check_blocks,
     fill_slots,
     make_namespace,
     poison_slots,
     random_keys,
+    resident,
     resolve_lookup,
     snapshot,
 )
+from kvtiers.testing._usage_tests import check_store_usage, measures_store
 
 
 class CapabilityTests(TierSuiteBase):
@@ -134,6 +138,43 @@ class CapabilityTests(TierSuiteBase):
         )
         assert resolve_lookup(tier, newest, self.timeout_s) is LookupResult.HIT
 
+    def test_persistent_uses_survive_restart(self) -> None:
+        """Recency, not only the order of stores, survives a restart: a block touched
+        and one loaded before it outlive blocks stored after them but unused."""
+        self.require_order()
+        ctx = self.new_context()
+        tier = self.new_tier(ctx, capacity_bytes=BOUND * self.block_bytes, lru=True)
+        self.require(tier, "persistent")
+        jobs = self.new_tracker(tier)
+        keys = random_keys(BOUND + 2)
+        data = jobs.store_each(keys)  # full: the first stores were evicted
+        held = resident(tier, keys, self.timeout_s)  # least recently stored first
+        assert len(held) >= 3, f"a tier of {BOUND} blocks holds {len(held)}"
+        touched, loaded, unused = held[0], held[1], held[2:]
+        tier.touch([touched])
+        assert jobs.run_load([loaded], [2]).success  # a load is a use
+
+        ctx2 = self.new_context(ctx.namespace)
+        tier = self.adopt(self.call_hook("restart", tier, ctx2))
+        jobs = self.new_tracker(tier)
+        before = tier.stats().evictions
+        for _ in range(len(held)):  # until each unused block had to make room
+            if tier.stats().evictions - before >= len(unused):
+                break
+            jobs.store_each(random_keys(1), slot=1)
+        evicted = tier.stats().evictions - before
+        assert evicted >= len(unused), (
+            f"{len(held)} stores into a tier full before its restart evicted {evicted}")
+        present = self._lookups(tier, held)
+        want = [LookupResult.HIT, LookupResult.HIT] + [LookupResult.MISS] * len(unused)
+        assert present == want, (
+            "after a restart, blocks touched or loaded before it must outlive blocks "
+            f"stored after them but unused (touched, loaded, unused oldest first: "
+            f"{present}): the recency of uses was lost, only the store order kept")
+        poison_slots(ctx2.pool, [4, 5])
+        assert jobs.run_load([touched, loaded], [4, 5]).success
+        check_blocks(ctx2.pool, [(4, data[touched]), (5, data[loaded])])
+
     # verifies
 
     def test_corrupt_copy_fails_load_then_misses(self) -> None:
@@ -156,6 +197,9 @@ class CapabilityTests(TierSuiteBase):
         again = jobs.run_load(damaged, [8, 10])
         assert set(again.failed.values()) == {FailureReason.MISSING}, again
         assert tier.stats().errors.get(FailureReason.CORRUPT.value, 0) >= 2
+        if measures_store(self, tier):  # what the tier let go of left the store too
+            capacity = self.capacity_blocks * self.block_bytes
+            check_store_usage(self, tier, capacity, "loads that found damaged copies")
 
     def test_truncated_copy_fails_load_then_misses(self) -> None:
         """A copy cut short (a torn write, a short read) is never served: the load
