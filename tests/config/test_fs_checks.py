@@ -112,23 +112,27 @@ def test_a_capacity_beyond_the_filesystem_is_an_error_beyond_its_free_space_a_wa
     with mounted("tmpfs", tmp_path / "t", "8m") as root:
         err = _rejected(_fs(str(root), capacity_bytes=16 * MiB))
         assert [str(p) for p in err.problems] == [
-            "$.secondary_tiers[0].capacity_bytes: fs tier: 16 MiB is more than the filesystem "
-            f"of {root} holds (8 MiB); lower capacity_bytes to at most 8 MiB, less what other "
-            "files need"
+            "$.secondary_tiers[0].capacity_bytes: fs tier: 16 MiB plus up to 1.3 MiB of the "
+            "tier's own index (journals, snapshots) is more than the filesystem "
+            f"of {root} holds (8 MiB, 8 MiB free now); set capacity_bytes to at most 7.1 MiB "
+            "(7405568 bytes), less what other files need"
         ]
         (root / "filler").write_bytes(os.urandom(5 * MiB))
         cfg = load_config(_fs(str(root), capacity_bytes=6 * MiB))
         [warning] = [w for w in cfg.warnings if w.startswith("$.secondary_tiers[0].capacity")]
         assert warning.startswith(
-            f"$.secondary_tiers[0].capacity_bytes: fs tier: 6 MiB is more than the filesystem "
-            f"of {root} has free now (3 MiB, of 8 MiB): stores will fail"
+            "$.secondary_tiers[0].capacity_bytes: fs tier: 6 MiB plus up to 896.3 KiB of the "
+            "tier's own index"
+            f" (journals, snapshots) is more than the filesystem of {root} has free "
+            "now (3 MiB, of 8 MiB): stores will fail"
         )
         # Both roots count against the one filesystem they share.
         (root / "a").mkdir()
         (root / "b").mkdir()
         err = _rejected(_fs([str(root / "a"), str(root / "b")], capacity_bytes=5 * MiB))
         assert err.problems[0].message.startswith(
-            "fs tier: 5 MiB per root for 2 roots on one filesystem is more than the filesystem"
+            "fs tier: 5 MiB per root for 2 roots on one filesystem plus up to 856.3 KiB each of "
+            "the tier's own index (journals, snapshots) is more than the filesystem"
         )
 
 

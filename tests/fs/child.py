@@ -196,3 +196,91 @@ def read_log(path: str) -> list[bytes]:
         with contextlib.suppress(ValueError):
             keys.append(bytes.fromhex(line.decode()))
     return keys
+
+
+def fill_without_compaction(root: str, capacity_blocks: int, seed: int, result: Any) -> None:
+    """What a tier whose journal is never compacted does on a small filesystem: store
+    jobs of 8 random blocks, rotations and compactions off, until a store fails
+    `full`; put the keys reported stored (oldest first) on `result`, then exit."""
+    import kvtiers_fs.namespace.store as store_mod
+
+    store_mod.ROTATE_MIN_BYTES = 1 << 40
+    store_mod.CLOSE_ROTATE_BYTES = 1 << 40
+    rng = random.Random(seed)
+    ctx = context(BB, 8, clock=time.monotonic)
+    tier = open_tier(ctx, root, capacity_blocks)
+    store = tier.stores[0]
+    store.journal_limit = 1 << 40
+    store._compact = lambda: False  # type: ignore[method-assign]
+    stored: list[bytes] = []
+    for _ in range(100_000):
+        keys = [make_key(rng.randbytes(16)) for _ in range(8)]
+        for slot, key in enumerate(keys):
+            ctx.pool.block(slot)[:] = block_data(key, BB)
+        tier.submit_store(TransferJob(next(_ids), keys, list(range(8))))
+        results: list[Any] = []
+        while not results:
+            results = tier.get_finished_jobs()
+            time.sleep(0.0002)
+        stored += [k for k in keys if k in results[0].ok]
+        if results[0].failed:
+            break
+    result.put((stored, dict(tier.stats().errors)))
+    result.close()
+    result.join_thread()
+    tier.close()
+
+
+def store_and_load(root: str, capacity_blocks: int, seed: int, key_space: int, ready: Any,
+                   seconds: float, missed_pause_s: float = 0.0) -> None:
+    """For `seconds`: store jobs of 1-4 keys drawn from `range(key_space)` (writers
+    sharing one root store the same keys, evicting one another's), and load keys the
+    tier says it holds - every block loaded checked against its bytes (an
+    AssertionError, exit code 1, on a wrong one). `missed_pause_s`: a load that
+    finds no file pauses that long before it reads the journal (the other writer
+    may store the block again meanwhile)."""
+    from kvtiers.contract.lookup import LookupResult
+    from kvtiers_fs.tier import FsTier
+
+    if missed_pause_s:
+        missing = FsTier._missing
+
+        def pause_then_missing(self: Any, store: Any, idn: bytes) -> None:
+            time.sleep(missed_pause_s)
+            missing(self, store, idn)
+
+        FsTier._missing = pause_then_missing  # type: ignore[method-assign]
+
+    rng = random.Random(seed)
+    ctx = context(BB, 8, clock=time.monotonic)
+    tier = open_tier(ctx, root, capacity_blocks)
+    space = [make_key(i.to_bytes(16, "big")) for i in range(key_space)]
+    ready.set()
+
+    def run(job: TransferJob, load: bool = False) -> Any:
+        if load:
+            tier.submit_load(job)
+        else:
+            tier.submit_store(job)
+        while True:
+            for r in tier.get_finished_jobs():
+                return r
+            time.sleep(0.0002)
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        keys = rng.sample(space, rng.randint(1, 4))
+        for slot, key in enumerate(keys):
+            ctx.pool.block(slot)[:] = block_data(key, BB)
+        run(TransferJob(next(_ids), keys, list(range(len(keys)))))
+        held = [k for k in rng.sample(space, 8) if tier.lookup(k) is LookupResult.HIT][:4]
+        if not held:
+            continue
+        slots = list(range(4, 4 + len(held)))
+        for slot in slots:
+            ctx.pool.block(slot)[:] = os.urandom(BB)
+        result = run(TransferJob(next(_ids), held, slots), load=True)
+        for key, slot in zip(held, slots, strict=True):
+            if key in result.ok:
+                assert bytes(ctx.pool.block(slot)) == block_data(key, BB), "wrong bytes"
+    tier.close()

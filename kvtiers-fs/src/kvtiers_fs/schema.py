@@ -19,6 +19,7 @@ from kvtiers.errors import ConfigError, ConfigNote, ConfigProblem
 from kvtiers.plugins import CAPACITY_BYTES, DRAFT, EVICTION_POLICY, THREADS
 from kvtiers.sdk import format_bytes
 
+from kvtiers_fs import overhead
 from kvtiers_fs.namespace.listing import list_namespaces
 
 try:  # kvtiers-core 0.2 says warnings apart from notes; an older core gets notes
@@ -211,7 +212,10 @@ def derive_capacity(options: Mapping[str, Any]) -> tuple[int, str]:
     per_root: list[tuple[int, _Space]] = []
     for space in _spaces(roots):
         budget = min(space.size, int(CAPACITY_SHARE * (space.free + space.held)))
-        per_root.append((budget // len(space.roots), space))
+        # ... and room for the tier's own metadata beside it, on small filesystems
+        fits = largest_capacity(min(space.size, space.free + space.held), len(space.roots),
+                                space.dir_block)
+        per_root.append((min(budget // len(space.roots), fits), space))
     if not per_root:
         raise ConfigError(ConfigProblem(
             "$.capacity_bytes",
@@ -245,11 +249,12 @@ class _Space:
     """One filesystem under some of the roots: its size, what is free, what kvtiers
     blocks already hold on those roots."""
 
-    def __init__(self, roots: list[str], size: int, free: int, held: int):
+    def __init__(self, roots: list[str], size: int, free: int, held: int, dir_block: int):
         self.roots = roots
         self.size = size
         self.free = free
         self.held = held
+        self.dir_block = dir_block  # 0 where directories take no space (tmpfs)
 
 
 def _spaces(roots: list[str]) -> list[_Space]:
@@ -266,11 +271,28 @@ def _spaces(roots: list[str]) -> list[_Space]:
         space = by_device.get(device)
         if space is None:
             by_device[device] = _Space([root], st.f_blocks * st.f_frsize,
-                                       st.f_bavail * st.f_frsize, held)
+                                       st.f_bavail * st.f_frsize, held,
+                                       0 if _on_tmpfs(root) else st.f_bsize)
         else:
             space.roots.append(root)
             space.held += held
     return list(by_device.values())
+
+
+def largest_capacity(space: int, roots: int, dir_block: int) -> int:
+    """The largest `capacity_bytes` (whole 64 KiB) for which `roots` roots, each with
+    its blocks and its metadata (`overhead.metadata_bytes`), fit in `space` bytes."""
+    def fits(c: int) -> bool:
+        return roots * (c + overhead.metadata_bytes(c, dir_block=dir_block)) <= space
+
+    lo, hi = 0, max(0, space // roots) >> 16
+    while lo < hi:  # the metadata grows with the capacity: bisect
+        mid = (lo + hi + 1) // 2
+        if fits(mid << 16):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo << 16
 
 
 def _check_capacity(capacity: int, roots: list[str]) -> list[Remark]:
@@ -279,15 +301,21 @@ def _check_capacity(capacity: int, roots: list[str]) -> list[Remark]:
         if space.size == 0:  # ramfs and friends report no size: nothing to compare
             continue
         n = len(space.roots)
-        want = capacity * n
+        meta = overhead.metadata_bytes(capacity, dir_block=space.dir_block)
+        want = (capacity + meta) * n
         what = (f"{format_bytes(capacity)} per root for {n} roots on one filesystem"
                 if n > 1 else format_bytes(capacity))
+        what += (f" plus up to {format_bytes(meta)}{' each' if n > 1 else ''} of the tier's "
+                 f"own index ({_META_PARTS if space.dir_block else _META_PARTS_TMPFS})")
         where = f"the filesystem of {space.roots[0]}"
         if want > space.size:
+            best = largest_capacity(space.size, n, space.dir_block)
             out.append(ConfigProblem("$.capacity_bytes", (
-                f"fs tier: {what} is more than {where} holds ({format_bytes(space.size)}); "
-                f"lower capacity_bytes to at most {format_bytes(space.size // n)}, less "
-                "what other files need")))
+                f"fs tier: {what} is more than {where} holds ({format_bytes(space.size)}, "
+                f"{format_bytes(space.free)} free now); "
+                + (f"set capacity_bytes to at most {format_bytes(best)} ({best} bytes), less "
+                   "what other files need" if best else
+                   "this filesystem is too small for an fs tier; give a root on a larger one"))))
         elif want > space.free + space.held:
             held = f" plus {format_bytes(space.held)} of kvtiers blocks" if space.held else ""
             out.append(ConfigWarning("$.capacity_bytes", (
@@ -296,6 +324,36 @@ def _check_capacity(capacity: int, roots: list[str]) -> list[Remark]:
                 "stores will fail for lack of space before the tier reaches its capacity "
                 "and evicts; free space there or lower capacity_bytes")))
     return out
+
+
+def room_warnings(roots: list[str], capacity: int, file_bytes: int) -> list[str]:
+    """What a tier opening with these roots says when `capacity` per root and the
+    index's room for blocks files of `file_bytes` (`overhead.metadata_bytes`) do not
+    fit a root's filesystem: a config `kvtiers validate` refused, or a filesystem
+    that shrank. One stat per root."""
+    by_device: dict[int, list[str]] = {}
+    for root in roots:
+        with contextlib.suppress(OSError):
+            by_device.setdefault(os.stat(root).st_dev, []).append(root)
+    out = []
+    for same in by_device.values():
+        try:
+            st = os.statvfs(same[0])
+        except OSError:
+            continue
+        size, dir_block = st.f_blocks * st.f_frsize, 0 if _on_tmpfs(same[0]) else st.f_bsize
+        meta = overhead.metadata_bytes(capacity, file_bytes, dir_block)
+        if size and len(same) * (capacity + meta) > size:
+            out.append(
+                f"capacity_bytes {format_bytes(capacity)} per root plus up to "
+                f"{format_bytes(meta)} of the tier's own index is more than the filesystem of "
+                f"{same[0]} holds ({format_bytes(size)}, {len(same)} root(s) on it): stores "
+                "will fail for lack of space before the tier evicts; lower capacity_bytes")
+    return out
+
+
+_META_PARTS = "journals, snapshots, directories"
+_META_PARTS_TMPFS = "journals, snapshots"
 
 
 def _on_tmpfs(root: str) -> bool:

@@ -66,7 +66,7 @@ from kvtiers_fs.disk.layout import Ident
 from kvtiers_fs.namespace.listing import list_namespaces
 from kvtiers_fs.namespace.store import RootStore
 from kvtiers_fs.namespace.write_verdict import WriteVerdict
-from kvtiers_fs.schema import FS_SCHEMA, check_options, root_dirs
+from kvtiers_fs.schema import FS_SCHEMA, check_options, room_warnings, root_dirs
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -166,6 +166,8 @@ class FsTier(SecondaryTier):
         self._probe = AsyncProbe(self._probe_keys, clock=ctx.clock, hit_ttl_s=0.0,
                                  miss_ttl_s=1.0, name=f"kvtiers-{name}-probe")
         self._log_neighbours()
+        for warning in room_warnings(self.roots, self.capacity_bytes, self.file_bytes):
+            ctx.logger.warning("kvtiers-fs %s: %s", name, warning)
 
     def _o_direct(self, store: RootStore, mode: Any) -> bool:
         if mode is False:
@@ -435,7 +437,7 @@ class FsTier(SecondaryTier):
         if got.outcome is ReadOutcome.FOREIGN:
             # Intact, but another version's or namespace's: never data, never deleted.
             self._errors.note("load", "foreign", f"{self.block_path(key)}: {got.why}")
-            self._drop(store, idn, delete_file=False)
+            self._forget(store, idn)
             return FailureReason.MISSING
         self._errors.note("load", "corrupt", f"{self.block_path(key)}: {got.why}; removed")
         self._drop(store, idn, delete_file=True)
@@ -451,7 +453,13 @@ class FsTier(SecondaryTier):
         except OSError:
             return
         if store.contains(idn):
-            self._drop(store, idn, delete_file=False)
+            self._forget(store, idn)
+
+    def _forget(self, store: RootStore, idn: Ident) -> None:
+        try:
+            store.forget_unless_present(idn)
+        except OSError as exc:
+            self._errors.record("remove", exc, store.root)
 
     def _drop(self, store: RootStore, idn: Ident, *, delete_file: bool) -> None:
         try:

@@ -108,6 +108,18 @@ class BlockDir:
         finally:
             os.close(shard)
 
+    def holds_copy(self, idn: Ident, size: int) -> bool:
+        """Whether a complete, valid copy of `idn` (`size` bytes) is at its name now
+        (read and verified: for the rare load that found something else there)."""
+        shard = self.shard_or_none(idn)
+        if shard is None:
+            return False
+        try:
+            return verify_block_file(shard, layout.block_name(idn), self.namespace, idn,
+                                     size) is None
+        finally:
+            os.close(shard)
+
     def keys(self, idns: Iterable[Ident]) -> list[bytes]:
         """The keys of `idns`: the ident itself, or (a long key's hash) the key in its
         file's header; idents that cannot be named are left out."""

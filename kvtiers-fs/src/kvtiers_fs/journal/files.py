@@ -123,6 +123,21 @@ def read_snapshot(ns_fd: int, gen: int) -> Snapshot:
     return snap
 
 
+def snapshot_base(ns_fd: int, gen: int) -> int | None:
+    """The base generation snapshot.<gen> names, or None when there is no such
+    snapshot (or its head is unreadable). One open and a read of its head."""
+    try:
+        fd = layout.open_file(jr.snapshot_name(gen), ns_fd, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return jr.read_snapshot_head(os.pread(fd, jr.SNAP.size, 0)).base_gen
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
 def snapshot_tmp_name(gen: int, writer: int) -> str:
     """Where `writer` writes snapshot.<gen> before renaming it into place."""
     return f".{jr.snapshot_name(gen)}.{layout.writer_name(writer)}{layout.TMP_SUFFIX}"
@@ -180,16 +195,18 @@ def _write_all(fd: int, data: bytes, at: int) -> None:
         view, at = view[n:], at + n
 
 
-def remove_old(ns_fd: int, gen: int, dead: Iterable[int], errors: ErrorCounts) -> None:
-    """Remove snapshots before `gen`, journals before `gen - 1` (snapshot.<gen> may
-    be based on journal.<gen-1>), and temporary snapshots of `dead` writers (or
-    of no writer). Holds the namespace lock."""
+def remove_old(ns_fd: int, gen: int, dead: Iterable[int], errors: ErrorCounts, *,
+               journals_before: int | None = None) -> None:
+    """Remove snapshots before `gen`, journals before `journals_before` (by default
+    `gen - 1`: snapshot.<gen> may be based on journal.<gen-1>), and temporary
+    snapshots of `dead` writers (or of no writer). Holds the namespace lock."""
     dead = set(dead)
+    jbefore = gen - 1 if journals_before is None else journals_before
     for name in _names(ns_fd):
         g = jr.generation_of(name, "snapshot")
         stale = g is not None and g < gen
         g = jr.generation_of(name, "journal")
-        stale = stale or (g is not None and g < gen - 1)
+        stale = stale or (g is not None and g < jbefore)
         if not stale and name.startswith(".snapshot.") and name.endswith(layout.TMP_SUFFIX):
             owner = layout.parse_writer_name(name[: -len(layout.TMP_SUFFIX)].rsplit(".", 1)[-1])
             stale = owner is None or owner in dead

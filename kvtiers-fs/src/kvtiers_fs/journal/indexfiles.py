@@ -97,6 +97,10 @@ class IndexFiles:
                         raise OSError(errno.EIO, "the journal keeps changing under us")
                     self._finish_dead_rotation()
                     continue
+            elif files.snapshot_base(self.ns_fd, self.journal.gen + 1) == self.journal.gen + 1:
+                # A compaction (or rebuild) replaced this journal, and its RELOAD could
+                # not be appended (a full disk): reload, and let the old journal go.
+                self.load(have_lock=False)
             return
 
     def _finish_dead_rotation(self) -> None:
@@ -190,9 +194,67 @@ class IndexFiles:
             self._log.warning("kvtiers-fs %s: index rebuilt from %d block files", self.root,
                               blocks)
 
-    def remove_old(self, gen: int) -> None:
+    def remove_old(self, gen: int, *, based_on_own: bool = False) -> None:
+        """Remove what snapshot.<gen> makes stale; `based_on_own`: it is based on
+        the start of journal.<gen> (a compaction), so journal.<gen-1> goes too."""
         dead = [w for w in files.snapshot_tmp_writers(self.ns_fd) if self.writers.is_dead(w)]
-        files.remove_old(self.ns_fd, gen, dead, self._errors)
+        files.remove_old(self.ns_fd, gen, dead, self._errors,
+                         journals_before=gen if based_on_own else gen - 1)
+
+    def compact(self, evict: Callable[[int], int]) -> int:
+        """A new generation from the index in memory (lock held, caught up, the index
+        equal to the journal): snapshot.<n> based on the start of an empty
+        journal.<n>, then every older journal and snapshot removed - so the
+        metadata shrinks to one snapshot. Readers of the old journal find RELOAD
+        there or, where it could not be appended (the disk is full), notice
+        snapshot.<n> (`catch_up`) and reload.
+
+        When the filesystem has no room for the snapshot: stale files (dead
+        writers' temporaries, old generations) are removed first, then the journal
+        the newest snapshot is based on (a crash before the new snapshot is in
+        place then costs a rebuild from the block files, never a wrong block),
+        then `evict(bytes)` removes blocks (least valuable first; returns the
+        bytes freed, 0 when nothing can go). Returns the new generation; raises
+        OSError if no room can be made."""
+        _, highest = files.generations(self.ns_fd)
+        gen = max(highest, self.journal.gen) + 1
+        tmp = files.snapshot_tmp_name(gen, self.writer)
+        layout.unlink_quiet(tmp, self.ns_fd)
+        steps = 0
+        while True:
+            try:
+                files.create_journal(self.ns_fd, gen)  # empty: an inode, no data
+                self._write_snapshot(tmp, gen, gen, 0)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    layout.unlink_quiet(jr.journal_name(gen), self.ns_fd)
+                    raise
+                steps += 1
+                self._log.warning("kvtiers-fs %s: no room for a snapshot (%s); freeing "
+                                  "space (step %d)", self.root, exc, steps)
+                if steps == 1:
+                    self.remove_old(self.journal.gen)
+                elif steps == 2:
+                    files.remove_old(self.ns_fd, 0, (), self._errors,
+                                     journals_before=self.journal.gen)
+                elif steps > 64 or not evict(self._snapshot_bytes()):
+                    layout.unlink_quiet(jr.journal_name(gen), self.ns_fd)
+                    raise
+        try:
+            os.rename(tmp, jr.snapshot_name(gen), src_dir_fd=self.ns_fd, dst_dir_fd=self.ns_fd)
+        except OSError:
+            layout.unlink_quiet(tmp, self.ns_fd)
+            layout.unlink_quiet(jr.journal_name(gen), self.ns_fd)
+            raise
+        if self.durable:
+            os.fsync(self.ns_fd)
+        with contextlib.suppress(OSError):  # tell readers of the old journal to reload
+            self.journal.append([Record(jr.RELOAD, self.writer, gen, b"")])
+        jfd = layout.open_file(jr.journal_name(gen), self.ns_fd, os.O_RDWR)
+        self.journal.switch(jfd, gen, 0)
+        self.remove_old(gen, based_on_own=True)
+        return gen
 
     def write_next_snapshot(self) -> tuple[str, int, int]:
         """Write snapshot.<g+1> of the index as of the current offset X of
@@ -201,14 +263,22 @@ class IndexFiles:
         jgen, offset = self.journal.gen, self.journal.offset
         tmp = files.snapshot_tmp_name(jgen + 1, self.writer)
         layout.unlink_quiet(tmp, self.ns_fd)
+        self._write_snapshot(tmp, jgen + 1, jgen, offset)
+        return tmp, jgen, offset
+
+    def _snapshot_bytes(self) -> int:
+        index = self.index
+        records = index.blocks + index.reserved + len(index.last_delete_items())
+        return jr.SNAP.size + jr.RECORD.size * records
+
+    def _write_snapshot(self, tmp: str, gen: int, base_gen: int, base_offset: int) -> None:
         index = self.index
         pending, lastdel = index.pending_items(), index.last_delete_items()
         blocks, nbytes = index.blocks, index.committed_bytes()
         with contextlib.closing(index.entries()) as entries:  # it holds the index's lock
-            files.write_snapshot(self.ns_fd, tmp, jgen + 1, entries, pending, lastdel,
-                                blocks=blocks, nbytes=nbytes, base_gen=jgen,
-                                base_offset=offset, durable=self.durable)
-        return tmp, jgen, offset
+            files.write_snapshot(self.ns_fd, tmp, gen, entries, pending, lastdel,
+                                 blocks=blocks, nbytes=nbytes, base_gen=base_gen,
+                                 base_offset=base_offset, durable=self.durable)
 
     def install_next_snapshot(self, tmp: str, jgen: int) -> bool:
         """Holding the lock, caught up: rename `tmp` into place as snapshot.<g+1>,

@@ -37,12 +37,22 @@ complete block files on disk.
 Restart. `snapshot.<g>` holds the index (blocks least recently used first, so
 recency survives) as of an offset in a journal; start-up reads the newest snapshot
 and replays the journal from there - no scan of the block files. When the journal
-grows past max(16 MiB, twice the snapshot), this process writes the next snapshot
-in the background (`_rotate`: in pieces, holding only its own journal mutex, not the
-namespace lock), then, under the lock, renames it into place and appends ROTATE;
-readers follow the ROTATE without reloading. If the journal or the snapshot is
-damaged (power loss without `durable`), the lock holder rebuilds the index from a
-scan of the block files.
+grows past max(16 MiB, twice the snapshot) - at most half its limit - this process
+writes the next snapshot in the background (`_rotate`: one process at a time, in
+pieces, holding only its own journal mutex, not the namespace lock), then, under the
+lock, renames it into place and appends ROTATE; readers follow the ROTATE without
+reloading.
+
+Room on disk (`kvtiers_fs.overhead`): a lock holder that finds the journal at its
+limit (`overhead.journal_limit`: the background rotation fell behind or failed), or
+whose append fails for a full filesystem, compacts (`_compact`): a snapshot of its
+index based on the start of a new, empty journal, older files removed - blocks
+evicted first only when nothing else frees room for that snapshot. So journals,
+snapshots and temporaries stay within a stated room beside `capacity_bytes`, and a
+filesystem full of the namespace's own metadata does not fail stores for ever.
+
+If the journal or the snapshot is damaged (power loss without `durable`), the lock
+holder rebuilds the index from a scan of the block files.
 
 Parts, each with its own state and test: `BlockIndex` (the in-memory index),
 `IndexFiles` (snapshot and journal: load, catch up, rebuild, next snapshot),
@@ -73,6 +83,7 @@ from contextlib import contextmanager
 
 from kvtiers.sdk import Clock, ErrorCounts, EvictionPolicy, Namespace, NamespaceInventory, Pins
 
+from kvtiers_fs import overhead
 from kvtiers_fs.disk import layout
 from kvtiers_fs.disk.blockdir import BlockDir
 from kvtiers_fs.disk.layout import Ident
@@ -97,6 +108,11 @@ CLOSE_ROTATE_BYTES = 1 << 20
 #: something): the block stays indexed
 _TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN,
                         errno.EINTR, errno.ENOBUFS})
+#: a full filesystem (or quota): compact the journal, then try again
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: real seconds before a compaction of a journal past its limit is tried again after
+#: one failed
+COMPACT_RETRY_S = 1.0
 
 __all__ = ["RootStore"]
 
@@ -121,6 +137,8 @@ class RootStore:
         self.namespace = namespace
         self.fingerprint = namespace.fingerprint
         self.capacity_bytes = capacity_bytes
+        #: the lock holder compacts the journal at this size (`overhead`)
+        self.journal_limit = overhead.journal_limit(capacity_bytes)
         self.durable = durable
         self.writer = new_writer_id()
         self._errors = errors
@@ -136,6 +154,8 @@ class RootStore:
         self.evictions = 0
         self.recycled = 0  # evicted files reused as new blocks' files
         self.rotations = 0
+        self.compactions = 0  # new generations written under the lock (journal limit, full disk)
+        self._compact_failed = -COMPACT_RETRY_S  # monotonic time of the last failure
         self.waited = 0  # stores that waited for another intent on their block
         self._opened = False
         self.closed = False
@@ -268,6 +288,11 @@ class RootStore:
             if present:
                 index.touch(present)
             with index.pin(present):
+                try:
+                    return self._reserve_locked(items)
+                except OSError as exc:  # nothing reserved: the index equals the journal
+                    if exc.errno not in _FULL or not self._compact():
+                        raise
                 return self._reserve_locked(items)
 
     def _reserve_locked(self, items: list[tuple[Ident, int]]) -> tuple[list[WriteVerdict], int]:
@@ -360,6 +385,22 @@ class RootStore:
                 self.blocks.unlink_blocks([idn])
             return True
 
+    def forget_unless_present(self, idn: Ident) -> bool:
+        """A load of `idn` found no copy of its own at its name (the file gone, or
+        another namespace's or layout's): drop it from the index and leave the name
+        alone (FORGET) - unless, under the lock, a valid copy is there after all.
+        That happens when another process evicted the block and stored it again
+        between the failed read and now: forgetting that new, committed copy would
+        leave its file on disk uncounted (the bound overshot by one block, until
+        the key is stored again). False if it was kept (or not indexed)."""
+        with self._locked():
+            size = self.index.size_of(idn)
+            if size is None or self.blocks.holds_copy(idn, size):
+                return False
+            self._commit_frame([Record(jr.FORGET, self.writer, size, idn)])
+            self._report_removed()
+            return True
+
     def unreadable(self, idn: Ident, exc: OSError) -> None:
         """A load of `idn` failed with `exc`: unless the error is the process's (out
         of descriptors or memory), the block cannot be served - drop it (and its
@@ -424,6 +465,9 @@ class RootStore:
             with self._flock():
                 self.files.catch_up(locked=True)
                 self.index.drain()
+                if self._journal.offset >= self.journal_limit and \
+                        time.monotonic() - self._compact_failed > COMPACT_RETRY_S:
+                    self._compact()  # the background rotation fell behind, or failed
                 if self._outbox:
                     out, self._outbox = self._outbox, []
                     try:
@@ -439,9 +483,51 @@ class RootStore:
                 self._maybe_rotate()
 
     def _commit_frame(self, records: list[Record]) -> None:
-        """Append one frame and fold it into the index (lock held)."""
-        self._journal.append(records)
+        """Append one frame and fold it into the index (lock held, the index equal to
+        the journal). A full filesystem: compact, then append again."""
+        try:
+            self._journal.append(records)
+        except OSError as exc:
+            if exc.errno not in _FULL or not self._compact():
+                raise
+            self._journal.append(records)
         self.index.apply(records)
+
+    def _compact(self) -> bool:
+        """Replace the journal by a new generation now, under the lock (the index
+        equal to the journal): what keeps the metadata within `overhead`, and what
+        gets a namespace whose filesystem is full of its own journal going again
+        (`IndexFiles.compact`; blocks are evicted only when nothing else frees
+        room for the snapshot). False (recorded) if it failed."""
+        try:
+            self.files.compact(self._evict_for_room)
+        except OSError as exc:
+            self._errors.record("compact", exc, self.root)
+            self._compact_failed = time.monotonic()
+            return False
+        self.compactions += 1
+        self._report_removed()
+        return True
+
+    def _evict_for_room(self, nbytes: int) -> int:
+        """Evict unpinned blocks by policy, at least `nbytes` of them if there are,
+        and remove their files - without a journal frame (there is no room for
+        one): the compaction's snapshot leaves them out. Bytes evicted."""
+        bounded = self.index.bounded
+        used = bounded.committed_bytes + bounded.reserved_bytes
+        want = min(nbytes, bounded.committed_bytes)
+        if want <= 0:
+            return 0
+        victims = bounded.hold(max(0, bounded.capacity_bytes - used) + want)
+        if victims is None:
+            return 0
+        bounded.release(max(0, bounded.capacity_bytes - used) + want)
+        self.blocks.unlink_blocks([idn for idn, _ in victims])
+        self.evictions += len(victims)
+        freed = sum(size for _, size in victims)
+        self._log.warning("kvtiers-fs %s: evicted %d blocks to make room for the index",
+                          self.root, len(victims))
+        return freed
 
     def _flush_touches_locked(self) -> None:
         idns = self.index.take_touched()
@@ -473,10 +559,16 @@ class RootStore:
     def _threshold(self, min_bytes: int) -> int:
         return max(min_bytes, ROTATE_FACTOR * jr.RECORD.size * self.index.blocks)
 
+    def _background_threshold(self) -> int:
+        """Rotate in the background past this: never later than half the journal
+        limit, so that a rotation normally ends before the lock holder has to
+        compact."""
+        return min(self._threshold(ROTATE_MIN_BYTES), self.journal_limit // 2)
+
     def _maybe_rotate(self) -> None:
         """Start writing the next snapshot in the background when the journal has
         grown enough (called after the lock is released)."""
-        if self.closed or self._journal.offset < self._threshold(ROTATE_MIN_BYTES):
+        if self.closed or self._journal.offset < self._background_threshold():
             return
         with self._mu:
             if self._rotation is not None and self._rotation.is_alive():
@@ -487,26 +579,53 @@ class RootStore:
 
     def _rotate_quietly(self) -> None:
         try:
-            self._rotate(ROTATE_MIN_BYTES)
+            self._rotate(ROTATE_MIN_BYTES, background=True)
         except Exception as exc:  # noqa: BLE001 - a failed rotation is retried later
             self._errors.record("rotate", exc)
 
-    def _rotate(self, min_bytes: int) -> bool:
+    def _rotate(self, min_bytes: int, background: bool = False) -> bool:
         """Write snapshot.<g+1> of the index as of the current offset X in journal.<g>
         (holding `_mu` but not the namespace lock: other processes go on appending),
         then, under the lock, rename it into place and append ROTATE. Its readers
         replay journal.<g> from X. False if not needed, or someone else rotated."""
-        with self._mu:
-            self.files.catch_up(locked=False)
-            self.index.drain()
-            if self._journal.offset < self._threshold(min_bytes):
-                return False
-            tmp, jgen, _ = self.files.write_next_snapshot()
-        try:
-            with self._locked(rotate=False):
-                done = self.files.install_next_snapshot(tmp, jgen)
-        except BaseException:
-            layout.unlink_quiet(tmp, self.ns_fd)
-            raise
+        with self._rotating() as mine:
+            if not mine:
+                return False  # another process is writing the next snapshot
+            with self._mu:
+                self.files.catch_up(locked=False)
+                self.index.drain()
+                threshold = (self._background_threshold() if background
+                             else self._threshold(min_bytes))
+                if self._journal.offset < threshold:
+                    return False
+                tmp, jgen, _ = self.files.write_next_snapshot()
+            try:
+                with self._locked(rotate=False):
+                    done = self.files.install_next_snapshot(tmp, jgen)
+            except BaseException:
+                layout.unlink_quiet(tmp, self.ns_fd)
+                raise
         self.rotations += done
         return done
+
+    @contextmanager
+    def _rotating(self) -> Iterator[bool]:
+        """`rotate` locked (flock, not waiting): one process at a time writes the
+        next snapshot in the background, so their temporary snapshots do not pile
+        up (`overhead`). Yields False when another holds it (or the name is not a
+        file we can lock)."""
+        try:
+            fd = layout.open_file("rotate", self.ns_fd, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            self._errors.record("rotate", exc, self.root)
+            yield False
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # the lock goes with it
