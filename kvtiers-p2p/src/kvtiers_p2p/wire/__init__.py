@@ -5,5 +5,6 @@
 within those limits), `handshake` (who a side is; why a peer is refused),
 `security` (CURVE key pairs and allow-lists for the ZeroMQ sessions), and
 `nixl_plane` (the NIXL data plane: agents, registered pools, READs of a peer's
-slots). Nothing here knows a tier, a link or a server.
+slots), `ucx_modules` (which UCX modules NIXL may load: a process must survive its
+exit). Nothing here knows a tier, a link or a server.
 """

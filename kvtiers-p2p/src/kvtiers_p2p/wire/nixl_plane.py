@@ -13,7 +13,9 @@ metadata and pool base (`DataPlane`), a `TransferDone` names the server's slots
 of the blocks it pinned, the puller READs them, verifies each block's xxh3 in its
 slot and says `Landed` (the server unpins). NIXL is optional (`kvtiers-p2p[nixl]`):
 `load_nixl` finds it (the `nixl` meta-package, or `nixl_cu12` / `nixl_cu13`
-directly) or raises `NixlMissing` with what to install.
+directly) or raises `NixlMissing` with what to install. Before the import it keeps
+UCX's EFA module out where there is no EFA device (`ucx_modules`: with the host's
+RDMA libraries installed, that module makes every process die at exit).
 
 Threads: every call into an agent holds that agent's lock (an agent made without
 a listener thread is not thread-safe); `read` blocks (it polls the transfer until
@@ -37,6 +39,7 @@ import numpy as np
 from kvtiers.sdk import PoolView
 
 from kvtiers_p2p.wire.protocol import DataPlane
+from kvtiers_p2p.wire.ucx_modules import keep_efa_module_out
 
 __all__ = ["NixlMissing", "NixlPlane", "load_nixl", "nixl_available"]
 
@@ -53,7 +56,9 @@ class NixlMissing(ImportError):
 
 def load_nixl() -> Any:
     """NIXL's `_api` module (`nixl_agent`, `nixl_agent_config`), or `NixlMissing`
-    naming what to install and why each candidate failed."""
+    naming what to install and why each candidate failed. Sets `UCX_MODULES` first
+    where it is unset and no EFA device exists (`keep_efa_module_out`)."""
+    keep_efa_module_out()
     why = []
     raise_exceptions = logging.raiseExceptions
     for name in _MODULES:
