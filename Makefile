@@ -7,11 +7,18 @@ VLLM_STAMP := $(VENV)/.installed-vllm
 
 .PHONY: setup test bench plugins lint clean
 
-# Which torch the set-up installs: on a machine without an NVIDIA driver
-# (no `nvidia-smi`) the CPU build, 2.13.0+cpu (about 200 MB): a wheel pip finds
-# locally (find-links), else from PyTorch's CPU index; then its dependencies from
-# PyPI. With one,
-# torch 2.13.0 from PyPI, the CUDA build. To choose yourself:
+# Every local distribution (kvtiers-core, kvtiers-fs, ...) is installed editable, and
+# so are the example plugins whose tests live under tests/ (tests/redis).
+DISTS := $(wildcard kvtiers-*/pyproject.toml)
+EXAMPLE_DISTS := examples/kvtiers-redis/pyproject.toml
+# the optional C helpers, built in place by the editable installs: a change rebuilds
+NATIVE := $(wildcard kvtiers-*/setup.py kvtiers-*/src/*/*.c kvtiers-*/src/*/*/*.c \
+                     kvtiers-*/src/*/*/*.h)
+
+# Which torch the set-up installs: on a machine without an NVIDIA driver (no
+# `nvidia-smi`) the CPU build, 2.13.0+cpu (about 200 MB): a wheel pip finds locally
+# (find-links), else from PyTorch's CPU index; then its dependencies from PyPI. With
+# one, torch 2.13.0 from PyPI, the CUDA build. To choose yourself:
 # `make TORCH=torch==2.13.0 TORCH_FROM= setup`.
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 HAVE_GPU := $(shell command -v nvidia-smi 2>/dev/null)
@@ -22,7 +29,7 @@ $(STAMP): requirements-dev.txt $(DISTS) $(EXAMPLE_DISTS) $(NATIVE)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: an unpinned resolve pulls a multi-GB CUDA build. The
 	# distributions do not depend on it (kvtiers-core[torch] is an extra); dev and CI
-	# install it for the worker-side and bench tests. See TORCH below for which build.
+	# install it for the worker-side and bench tests. TORCH (above) says which build.
 	$(BIN)/pip install -q --no-deps --no-index $(TORCH) 2>/dev/null || \
 		$(BIN)/pip install -q --no-deps $(TORCH_FROM) $(TORCH)
 	$(BIN)/pip install -q $(TORCH)
