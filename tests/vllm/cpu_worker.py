@@ -8,6 +8,7 @@ module so that `spec_name=name, spec_module_path=SPEC_MODULE` loads it.
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,6 +38,11 @@ class MemcpyWorker(OffloadingWorker):
     of its request; a group's chunks follow the previous group's in the CPU spec, the
     first one possibly entered part way (the logical index modulo blocks_per_chunk).
     `loaded` records (gpu block id, group) of every page a load wrote, for the checks.
+
+    On vLLM 0.34 the GPU side comes as `DevicePointers` (one address and size per
+    page, group by group, tensor by tensor, block by block): pages are copied at
+    those addresses, as vLLM's CUDA worker does, so wrong pointers show as wrong
+    bytes.
     """
 
     def __init__(
@@ -77,7 +83,9 @@ class MemcpyWorker(OffloadingWorker):
             chunk_at += (skip + size + self.bpc - 1) // self.bpc
         assert block_at == len(blocks) and chunk_at == len(chunks), (block_at, chunk_at, gpu, cpu)
 
-    def _copy(self, gpu: GPULoadStoreSpec, cpu: LoadStoreSpec, to_cpu: bool) -> int:
+    def _copy(self, gpu: Any, cpu: LoadStoreSpec, to_cpu: bool) -> int:
+        if not isinstance(gpu, GPULoadStoreSpec):
+            return self._copy_at_pointers(gpu, cpu, to_cpu)
         copied = 0
         for g, block, chunk, sub in self._pairs(gpu, cpu):
             for ref in self.refs[g]:
@@ -95,9 +103,49 @@ class MemcpyWorker(OffloadingWorker):
                 self.stored_pages += 1
         return copied
 
-    def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
-    ) -> bool:
+    def _copy_at_pointers(self, device: Any, cpu: LoadStoreSpec, to_cpu: bool) -> int:
+        """vLLM 0.34's `DevicePointers`: each page copied at its address."""
+        assert isinstance(cpu, CPULoadStoreSpec)
+        chunks = [int(c) for c in cpu.block_ids]
+        ptrs, sizes = device.ptrs, device.sizes
+        at = chunk_at = copied = 0
+        groups = zip(
+            device.group_block_counts,
+            device.group_data_ref_counts,
+            device.block_indices,
+            strict=True,
+        )
+        for g, (n, n_refs, first) in enumerate(groups):
+            if n == 0:
+                continue
+            assert n_refs == len(self.refs[g])
+            skip = first % self.bpc
+            for r, ref in enumerate(self.refs[g]):
+                host = self.cpu[ref.tensor_idx]
+                for j in range(n):
+                    size = int(sizes[at + j])
+                    sub = (skip + j) % self.bpc
+                    page = host[chunks[chunk_at + (skip + j) // self.bpc]]
+                    address = page.data_ptr() + sub * size
+                    device_address = int(ptrs[at + j])
+                    if to_cpu:
+                        ctypes.memmove(address, device_address, size)
+                    else:
+                        ctypes.memmove(device_address, address, size)
+                    copied += size
+                    if r == 0:  # one page of the group's blocks: recorded once
+                        gpu = self.gpu[ref.tensor_idx]
+                        block = (device_address - gpu.data_ptr()) // gpu.stride(0)
+                        if to_cpu:
+                            self.stored_pages += 1
+                        else:
+                            self.loaded.append((block, g))
+                at += n
+            chunk_at += (skip + n + self.bpc - 1) // self.bpc
+        assert at == len(ptrs) and chunk_at == len(chunks), (at, chunk_at)
+        return copied
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: LoadStoreSpec) -> bool:
         start = time.perf_counter()
         size = self._copy(src_spec, dst_spec, to_cpu=True)
         self._done.append(TransferResult(job_id, True, size, time.perf_counter() - start))
@@ -107,7 +155,7 @@ class MemcpyWorker(OffloadingWorker):
         self,
         job_id: int,
         src_spec: LoadStoreSpec,
-        dst_spec: GPULoadStoreSpec,
+        dst_spec: Any,
         expedited: bool = False,
     ) -> bool:
         start = time.perf_counter()

@@ -19,7 +19,7 @@ pytest.importorskip("vllm")
 
 from kvtiers import key_group
 from kvtiers.contract.keys import key_hash
-from kvtiers_vllm import compat, tier_metrics
+from kvtiers_vllm import tier_metrics
 from kvtiers_vllm.plugin import SPEC_NAME, TIER_TYPE, register
 from kvtiers_vllm.tier import KvtiersTier
 from kvtiers_vllm.tier_config import TierConfigError
@@ -415,6 +415,11 @@ def test_namespace_is_vllm_run_identity(
             },
             r"secondary_tiers\[0\]\.medium: kvtiers tier: expected one of STORAGE, CPU, got 'TAPE'",
         ),
+        (
+            {"type": "kvtiers", "job_timeout_s": 0, "tier": {"type": "memory"}},
+            r"secondary_tiers\[0\]\.job_timeout_s: kvtiers tier: expected a number of "
+            r"seconds > 0, got 0",
+        ),
     ],
 )
 def test_wrong_configs_fail_clearly(
@@ -441,50 +446,7 @@ def test_unknown_keywords_are_ignored_with_a_warning(
     assert "n_read_threads, some_future_kwarg" in record.getMessage()
 
 
-# --- the version check and the entry point -------------------------------------------
-
-
-def test_version_check_names_the_installed_version() -> None:
-    assert compat.require_vllm() == md.version("vllm")
-    for good in ("0.33.0", "0.33.4", "0.33.1rc2", "0.33.0+cu129"):
-        assert compat.require_vllm(good) == good
-    with pytest.raises(
-        compat.UnsupportedVllmError, match=r"vLLM 0\.34\.0 .*supported: vLLM 0\.33\.x"
-    ):
-        compat.require_vllm("0.34.0")
-    with pytest.raises(
-        compat.UnsupportedVllmError, match=r"vLLM 0\.3\.3 .*supported: vLLM 0\.33\.x"
-    ):
-        compat.require_vllm("0.3.3")
-
-
-def test_version_check_when_vllm_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compat, "installed_vllm", lambda: None)
-    with pytest.raises(compat.UnsupportedVllmError, match="not installed.*supported: vLLM 0.33.x"):
-        compat.require_vllm()
-
-
-def test_on_an_unsupported_vllm_the_tier_refuses_and_the_plugin_stays_out(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Importing the tier module checks the version; the entry point warns and
-    registers nothing, so vLLM itself keeps working."""
-    import kvtiers_vllm.plugin
-    import kvtiers_vllm.tier
-
-    monkeypatch.setattr(compat, "installed_vllm", lambda: "0.34.1")
-    with pytest.raises(compat.UnsupportedVllmError, match=r"0\.34\.1 \(supported: vLLM 0\.33\.x\)"):
-        importlib.reload(kvtiers_vllm.tier)
-    monkeypatch.setattr(kvtiers_vllm.plugin, "installed_vllm", lambda: "0.34.1")
-
-    def refuse(*args: Any) -> None:
-        raise AssertionError("registered on an unsupported vLLM")
-
-    monkeypatch.setattr(SecondaryTierFactory, "register_tier", refuse)
-    monkeypatch.setattr(OffloadingSpecFactory, "register_spec", refuse)
-    with caplog.at_level(logging.WARNING, logger="kvtiers_vllm.plugin"):
-        register()
-    assert "not registering with vLLM 0.34.1 (supported: vLLM 0.33.x)" in caplog.text
+# --- the entry point -------------------------------------------------------------------
 
 
 def test_entry_point_registers_the_tier_and_the_spec() -> None:

@@ -23,6 +23,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
 from tests.vllm import harness as h
 from tests.vllm.test_spec import REGION_LOGGER, _canonical, kept_mapped
+from tests.vllm.vllm_compat import device_side
 
 WORLD, CHUNKS, BLOCKS = 2, 16, 32
 PART = h.PAGE * h.LAYERS  # one rank's part of a row: every layer's page (4 KiB)
@@ -68,8 +69,9 @@ def test_two_ranks_write_and_read_their_parts_of_vllms_rows(
         src = GPULoadStoreSpec([3, 7, 9, 1], group_sizes=[4], block_indices=[0])
         dst = CPULoadStoreSpec([5, 0, 11, 2])
         for rank in range(WORLD):
-            assert references[rank].submit_store(1, src, dst)
-            assert workers[rank].submit_store(1, src, dst)
+            device = device_side(src, caches[rank])  # as vLLM's connector passes it
+            assert references[rank].submit_store(1, device, dst)
+            assert workers[rank].submit_store(1, device, dst)
         for worker in workers:
             [result] = _finished(worker, 1)
             assert result.success and result.transfer_size == 4 * PART  # its part only
@@ -91,8 +93,8 @@ def test_two_ranks_write_and_read_their_parts_of_vllms_rows(
         for gpu in gpus:
             for t in gpu:
                 t[20:24] = 0
-        for worker in workers:
-            assert worker.submit_load(2, dst, back)
+        for rank, worker in enumerate(workers):
+            assert worker.submit_load(2, dst, device_side(back, caches[rank]))
             _finished(worker, 1)
         for rank in range(WORLD):
             for layer in range(h.LAYERS):

@@ -68,6 +68,12 @@ TIER_ENTRY_OPTIONS: dict[str, dict[str, Any]] = {
     "medium": _any_case(("STORAGE", "CPU")),
     "locality": _any_case(("LOCAL", "REMOTE")),
     "enable_kv_events": {"type": "boolean"},
+    "job_timeout_s": {
+        "type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e9,
+        "title": "a number of seconds > 0",
+        "description": "how long a promotion may take before vLLM is told it failed "
+        "(vLLM 0.34 and later: its CPU chunks stay held until the tier's I/O ends)",
+    },  # fmt: skip
     "backpressure": {"type": "object", "description": "vLLM's, handled by vLLM's factory"},
 }
 

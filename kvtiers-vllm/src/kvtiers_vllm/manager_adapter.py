@@ -1,9 +1,9 @@
 """`KvtiersManager`: kvtiers' `TieringOffloadingManager` behind vLLM's
-`OffloadingManager` interface (vLLM 0.33), for `KvtiersOffloadingSpec`.
+`OffloadingManager` interface (vLLM 0.33 and 0.34), for `KvtiersOffloadingSpec`.
 
 What vLLM's scheduler-side connector calls, and what each call becomes:
 
-- `lookup` / `prepare_load` / `complete_load` / `touch` / `prepare_store` /
+- `lookup` / `prepare_load` / `complete_load` / `prepare_store` /
   `complete_store`: the kvtiers calls of the same names (`lookup` with the
   request's id where a tier answers per request). Keys pass through untouched
   (kvtiers keys are byte for byte vLLM's `OffloadKey`); slots are vLLM's CPU chunk
@@ -226,9 +226,6 @@ class KvtiersManager(OffloadingManager):
             else:
                 loads.pop(key, None)
 
-    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self._m.touch(keys if isinstance(keys, list) else list(keys))
-
     # ---------------------------------------------------------------- stores
 
     def prepare_store(
@@ -259,8 +256,9 @@ class KvtiersManager(OffloadingManager):
         if isinstance(keys, list):
             ordered = keys
         else:
-            # vLLM hands a set: in prefix order, so that when a tier's cascade queue
-            # is full the blocks it drops are a prefix's tail, not holes in it.
+            # vLLM hands a set (0.33) or a tuple (0.34): in prefix order, so that
+            # when a tier's cascade queue is full the blocks it drops are a
+            # prefix's tail, not holes in it.
             position = req_context.get_offload_key_position
             ordered = sorted(keys, key=lambda k: position(k) or 0)
         self._m.complete_store(ordered, success)

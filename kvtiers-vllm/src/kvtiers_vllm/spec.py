@@ -60,7 +60,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig  # noqa: E402
 from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo  # noqa: E402
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion  # noqa: E402
 
-from kvtiers_vllm import identity, store_threshold  # noqa: E402
+from kvtiers_vllm import identity, nodes, store_threshold  # noqa: E402
 from kvtiers_vllm.config_forms import (  # noqa: E402
     SHUTDOWN_DRAIN_KEY,
     STATS_INTERVAL_KEY,
@@ -240,7 +240,20 @@ class KvtiersOffloadingSpec(OffloadingSpec):
         """vLLM's CUDA worker, or kvtiers' swapper (`kvtiers_worker`), over
         `worker_region()`. With `canonical_layout` vLLM's worker writes vLLM's
         canonical per-layer layout, certified per layer first as vLLM's tiering
-        spec does (`canonical_refs`)."""
+        spec does (`canonical_refs`). Secondary tiers on an engine whose workers
+        span nodes are refused (`NotImplementedError`, as vLLM 0.34's tiering spec
+        does: `kvtiers_vllm.nodes`)."""
+        if (
+            self.extra_config.get("secondary_tiers")
+            and self.config.parallel.world_size > 1
+            and nodes.workers_span_nodes()
+        ):
+            raise NotImplementedError(
+                f"{SPEC_NAME}: secondary tiers are not supported on an engine whose "
+                "workers span several nodes (the tiers run in the engine core and read "
+                "only its node's CPU region, vllm#54415); keep the engine on one node "
+                "or remove secondary_tiers"
+            )
         if self.worker_kind == "kvtiers":
             from kvtiers_vllm.worker import KvtiersSwapWorker
 

@@ -16,7 +16,14 @@ translates between the two contracts (options: `kvtiers_vllm.tier_config`):
 - events: stored keys when a store commits, and removals (evictions, corrupt
   blocks, deletions the tier reports through `TierContext.events`), which vLLM's own
   fs and object tiers never send, so a KV-aware router also learns a block left;
-- stats: the tier's counters as vLLM connector stats (`kvtiers_vllm.tier_metrics`).
+- stats: the tier's counters as vLLM connector stats (`kvtiers_vllm.tier_metrics`);
+- promotions carry a deadline (`job_timeout_s`, on the tier's clock) that the kvtiers
+  tier honours where it can (work not started by then fails with `timeout`). On a
+  vLLM with deferred release (0.34) one still running at its deadline is reported
+  failed at once, so that its request recomputes instead of waiting, with an event
+  set when the kvtiers tier reports the job (its I/O can no longer touch the chunks)
+  or when `drain_jobs` has waited for it; until then vLLM keeps the chunks out of its
+  free pool. On 0.33 a promotion is reported when the tier reports it.
 
 Threads: vLLM calls every method under its manager lock, from the scheduler thread
 (this class does not set `tolerates_off_thread_polling`), which is what kvtiers'
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from kvtiers_vllm.compat import require_vllm
@@ -56,7 +63,14 @@ from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
 from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 
 from kvtiers_vllm import identity, tier_metrics  # noqa: E402
-from kvtiers_vllm.tier_config import TierOptions, read_options, under  # noqa: E402
+from kvtiers_vllm.compat import results  # noqa: E402
+from kvtiers_vllm.late_promotions import LatePromotions  # noqa: E402
+from kvtiers_vllm.tier_config import (  # noqa: E402
+    JOB_TIMEOUT_S,
+    TierOptions,
+    read_options,
+    under,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +103,13 @@ class KvtiersTier(SecondaryTierManager):
         medium: object = "STORAGE",
         locality: object = None,
         enable_kv_events: object = True,
+        job_timeout_s: object = JOB_TIMEOUT_S,
         **unknown: Any,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        options = read_options(offloading_spec, tier, medium, locality, enable_kv_events)
+        options = read_options(
+            offloading_spec, tier, medium, locality, enable_kv_events, job_timeout_s
+        )
         if unknown:
             log.warning(
                 "kvtiers tier %s: ignoring options it does not know: %s",
@@ -134,6 +151,9 @@ class KvtiersTier(SecondaryTierManager):
         self._by_request = self.tier.answers_in_request()
         self._stored: list[OffloadKey] = []  # committed since the last take_events
         self._in_flight: dict[int, bool] = {}  # job id -> is a load
+        # Promotions reported failed at their deadline (vLLM with deferred release).
+        self._clock = ctx.clock
+        self._late = LatePromotions(ctx.clock) if results.DEFERRED_RELEASE else None
         self._deltas = tier_metrics.StatsDeltas(self.tier_label)
         self._closed = False
         log.info(
@@ -148,30 +168,40 @@ class KvtiersTier(SecondaryTierManager):
     # -- lookups and jobs (scheduler thread, never blocking) --
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._late is not None and self._late.is_late(key):
+            return LookupResult.MISS  # a late promotion still reads it: recompute
         if self._by_request:  # the tier answers per request (p2p's remote_prefiller)
             return _LOOKUP[self.tier.lookup_in_request(key, req_context.req_id)]
         return _LOOKUP[self.tier.lookup(key)]
 
-    def _job(self, job: TransferJob) -> KvJob:
-        return KvJob(job.job_id, list(job.keys), [int(c) for c in job.chunk_ids])
+    def _job(self, job: TransferJob, deadline: float | None = None) -> KvJob:
+        return KvJob(job.job_id, list(job.keys), [int(c) for c in job.chunk_ids], deadline)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         self._in_flight[job_metadata.job_id] = False
         self.tier.submit_store(self._job(job_metadata))
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        self._in_flight[job_metadata.job_id] = True
-        self.tier.submit_load(self._job(job_metadata))
+        job_id = job_metadata.job_id
+        self._in_flight[job_id] = True
+        deadline = self._clock() + self.options.job_timeout_s
+        job = self._job(job_metadata, deadline)
+        if self._late is not None:
+            self._late.track(job_id, deadline, job.keys)
+        self.tier.submit_load(job)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         out = []
+        late = self._late
         for result in self.tier.get_finished_jobs():
+            if late is not None and late.finished(result.job_id):
+                continue  # reported failed at its deadline; its event is set now
             is_load = self._in_flight.pop(result.job_id, False)
             partial = is_load and bool(result.failed) and bool(result.ok)
             out.append(
-                JobResult(
-                    job_id=result.job_id,
-                    success=result.success,
+                results.job_result(
+                    result.job_id,
+                    result.success,
                     successful_keys=tuple(result.ok) if partial else None,
                     transfer_time=result.seconds,
                     transfer_bytes=result.bytes_moved,
@@ -179,7 +209,31 @@ class KvtiersTier(SecondaryTierManager):
             )
             if self._events_on and not is_load and result.ok:
                 self._stored.extend(OffloadKey(k) for k in result.ok)
+        if late is not None and late.tracking:
+            out.extend(self._expire(late))
         return out
+
+    def _expire(self, late: LatePromotions) -> list[JobResult]:
+        """Promotions past their deadline, reported failed with their release
+        deferred (the tier may still be writing their chunks)."""
+        out = []
+        for job_id, release in late.expire():
+            del self._in_flight[job_id]
+            out.append(results.failed_while_writing(job_id, release))
+        if out:
+            log.warning(
+                "kvtiers tier %s: %d promotion(s) past job_timeout_s (%.3g s) reported "
+                "failed; vLLM holds their CPU chunks until the tier's reads end",
+                self.options.path,
+                len(out),
+                self.options.job_timeout_s,
+            )
+        return out
+
+    @property
+    def releases_pending(self) -> int:
+        """Promotions reported failed whose chunks the tier's I/O may still touch."""
+        return 0 if self._late is None else self._late.releases_pending
 
     @property
     def jobs_in_flight(self) -> int:
@@ -187,10 +241,7 @@ class KvtiersTier(SecondaryTierManager):
         return len(self._in_flight)
 
     def has_pending_work(self) -> bool:
-        return bool(self._in_flight)
-
-    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.tier.touch(keys)
+        return bool(self._in_flight) or (self._late is not None and self._late.late > 0)
 
     # -- requests --
 
@@ -255,12 +306,21 @@ class KvtiersTier(SecondaryTierManager):
     # -- the end (blocking) --
 
     def drain_jobs(self) -> None:
+        """Wait for every job of the tier; then no I/O touches a chunk, and every
+        deferred release is set (vLLM's contract), each job's late result dropped
+        when it comes."""
         self.tier.drain(None)
+        self._release_all()
+
+    def _release_all(self) -> None:
+        if self._late is not None:
+            self._late.release_all()
 
     def shutdown(self) -> None:
         if not self._closed:
             self._closed = True
             self.tier.close()
+            self._release_all()
             # Our view of vLLM's CPU region: released, so that vLLM can unmap it.
             with contextlib.suppress(BufferError):
                 self.pool.buffer.release()

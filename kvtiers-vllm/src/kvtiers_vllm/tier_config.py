@@ -5,6 +5,7 @@
      "medium": "STORAGE",                    # vLLM's medium for events / hit source
      "locality": "LOCAL",                    # vLLM's locality (also its backpressure)
      "enable_kv_events": true,               # when vLLM's KV events are on
+     "job_timeout_s": 30,                    # a promotion's deadline (vLLM 0.34+)
      "backpressure": {...}}                  # vLLM's, handled by vLLM's factory
 
 Every problem is a `kvtiers.ConfigError` (also a ValueError, what vLLM's factories
@@ -27,6 +28,7 @@ from kvtiers.errors import ConfigProblem, UnknownNameError
 EXTRA = "kv_connector_extra_config"
 MEDIA = ("STORAGE", "CPU")
 LOCALITIES = ("LOCAL", "REMOTE")
+JOB_TIMEOUT_S = 30.0  # as kvtiers' manager's `job_timeout_s`
 
 
 class TierConfigError(ConfigError, ValueError):
@@ -41,6 +43,7 @@ class TierOptions:
     medium: str
     locality: str | None
     enable_kv_events: bool
+    job_timeout_s: float = JOB_TIMEOUT_S
 
 
 def entry_index(spec: Any, tier: object) -> int | None:
@@ -65,6 +68,7 @@ def read_options(
     medium: object = "STORAGE",
     locality: object = None,
     enable_kv_events: object = True,
+    job_timeout_s: object = JOB_TIMEOUT_S,
 ) -> TierOptions:
     """Check an entry's options; raise `TierConfigError` listing every problem."""
     index = entry_index(spec, tier)
@@ -106,6 +110,17 @@ def read_options(
                 f"kvtiers tier: expected true or false, got {enable_kv_events!r}",
             )
         )
+    if (
+        isinstance(job_timeout_s, bool)
+        or not isinstance(job_timeout_s, (int, float))
+        or not 0 < job_timeout_s < 1e9
+    ):
+        problems.append(
+            ConfigProblem(
+                f"{path}.job_timeout_s",
+                f"kvtiers tier: expected a number of seconds > 0, got {job_timeout_s!r}",
+            )
+        )
     if problems:
         raise TierConfigError(problems)
     assert isinstance(tier, Mapping)
@@ -119,6 +134,7 @@ def read_options(
         medium=str(medium).upper(),
         locality=None if locality is None else str(locality).upper(),
         enable_kv_events=bool(enable_kv_events),
+        job_timeout_s=float(job_timeout_s) if isinstance(job_timeout_s, (int, float)) else 0.0,
     )
 
 

@@ -17,11 +17,14 @@ its K half then its V half. The two agree when, for every group:
   has the same size in both).
 
 Anything else is refused when the worker is built, naming what does not fit and
-the way out (`"kvtiers_worker": "vllm"`). Worker thread only (vLLM's worker calls
-it from one thread); `submit_*` never block on a copy.
+the way out (`"kvtiers_worker": "vllm"`). The device side of a job comes as vLLM
+0.33's block ids or 0.34's device pointers (`compat.worker_io` reads either). Worker
+thread only (vLLM's worker calls it from one thread); `submit_*` never block on a copy.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,13 +32,14 @@ from kvtiers import DeviceSwapper, KVLayout
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCaches,
-    GPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingWorker,
     TransferResult,
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+from kvtiers_vllm.compat.worker_io import device_blocks
 
 _WAY_OUT = 'use "kvtiers_worker": "vllm" (vLLM\'s own worker) for this model'
 
@@ -81,6 +85,7 @@ class KvtiersSwapWorker(OffloadingWorker):
         self._swapper: DeviceSwapper | None = DeviceSwapper(layouts, base, rank)
         del base  # the swapper's reference is the only one: `shutdown` drops it
         self._groups = len(layouts)
+        self._kv_caches = kv_caches  # what device pointers are resolved against
         # vLLM job id -> swapper job ids not reported yet, bytes, seconds, success
         self._jobs: dict[int, list[int]] = {}
         self._totals: dict[int, list[float]] = {}
@@ -89,17 +94,14 @@ class KvtiersSwapWorker(OffloadingWorker):
 
     # ---------------------------------------------------------------- contract
 
-    def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
-    ) -> bool:
+    # The device side is vLLM 0.33's `GPULoadStoreSpec` or 0.34's `DevicePointers`
+    # (positional: vLLM renamed the parameter).
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: LoadStoreSpec) -> bool:
         return self._submit(job_id, src_spec, dst_spec, store=True)
 
     def submit_load(
-        self,
-        job_id: int,
-        src_spec: LoadStoreSpec,
-        dst_spec: GPULoadStoreSpec,
-        expedited: bool = False,
+        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: Any, expedited: bool = False
     ) -> bool:
         return self._submit(job_id, dst_spec, src_spec, store=False)
 
@@ -141,12 +143,11 @@ class KvtiersSwapWorker(OffloadingWorker):
             raise RuntimeError("KvtiersSwapWorker: used after shutdown")
         return self._swapper
 
-    def _submit(
-        self, job_id: int, gpu: GPULoadStoreSpec, cpu: LoadStoreSpec, *, store: bool
-    ) -> bool:
+    def _submit(self, job_id: int, device: object, cpu: LoadStoreSpec, *, store: bool) -> bool:
         assert isinstance(cpu, CPULoadStoreSpec)
         swapper = self._live()
-        blocks = np.asarray(gpu.block_ids, dtype=np.int64)
+        gpu = device_blocks(device, self._kv_caches)
+        blocks = gpu.block_ids
         chunks = np.asarray(cpu.block_ids, dtype=np.int64)
         subs: list[int] = []
         self._jobs[job_id] = subs

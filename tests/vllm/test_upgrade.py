@@ -1,0 +1,72 @@
+"""Upgrading (or downgrading) vLLM keeps the fs tier's contents: blocks one supported
+vLLM minor stored are hits, byte for byte, for an engine on another, at either level.
+
+The other vLLM is another virtual environment at the repository root (`.venv*`, e.g.
+`.venv-vllm034` next to `.venv`) whose vLLM is of another supported minor; its
+engine runs in a subprocess (tests/vllm/upgrade_writer.py) on the same model
+directory and fs root. Skipped where no such environment exists."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from kvtiers_vllm.compat import SUPPORTED, minor_of
+
+from tests.vllm import harness as h
+from tests.vllm.test_levels import BLOCKS, config
+from tests.vllm.test_spec import drive, loaded, tokens
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def other_vllm() -> tuple[Path, str] | None:
+    """An interpreter at the repository root with another supported vLLM minor."""
+    mine = minor_of(md.version("vllm"))
+    for python in sorted(REPO.glob(".venv*/bin/python")):
+        if python.parents[1].resolve() == Path(sys.prefix).resolve():
+            continue  # this environment
+        probe = subprocess.run(
+            [str(python), "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        version = probe.stdout.strip()
+        if probe.returncode == 0 and minor_of(version) in SUPPORTED and minor_of(version) != mine:
+            return python, version
+    return None
+
+
+OTHER = other_vllm()
+
+
+@pytest.mark.skipif(OTHER is None, reason="no environment with another supported vLLM")
+@pytest.mark.parametrize(("writer", "reader"), [(1, 2), (2, 1)])
+def test_blocks_another_vllm_stored_are_hits_here(
+    model_dir: Path, tmp_path: Path, writer: int, reader: int
+) -> None:
+    assert OTHER is not None
+    python, version = OTHER
+    root, seed = tmp_path / "fs", 50 + 3 * writer + reader
+    done = subprocess.run(
+        [str(python), "-m", "tests.vllm.upgrade_writer", str(writer), str(root),
+         str(model_dir), str(seed)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == version
+    e = h.Engine(model_dir, config(reader, root))
+    try:
+        rng = random.Random(seed)
+        e.add("reader", tokens(rng, BLOCKS) + tokens(rng, 1), 2)
+        # Every block came from fs (this engine's pool and GPU cache started empty),
+        # each page byte for byte what the other vLLM's model wrote.
+        assert loaded(drive(e)) == BLOCKS and e.pages_checked == BLOCKS
+    finally:
+        e.close()
