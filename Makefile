@@ -44,12 +44,24 @@ $(VLLM_STAMP): $(STAMP) requirements-vllm.txt
 	$(BIN)/pip install -q --no-deps -r requirements-vllm.txt
 	touch $(VLLM_STAMP)
 
+# vLLM 0.34 for the same suite on the other supported minor: vLLM 0.34.0 alone
+# (--no-deps, ~550 MB) in a folder of .venv, put first on PYTHONPATH over .venv's
+# packages (the same pinned set serves both; it runs over torch 2.13.0+cpu).
+VLLM_NEXT := $(VENV)/vllm-0.34
+VLLM_NEXT_STAMP := $(VENV)/.installed-vllm-0.34
+$(VLLM_NEXT_STAMP): $(VLLM_STAMP)
+	rm -rf $(VLLM_NEXT)
+	$(BIN)/pip install -q --no-deps --target $(VLLM_NEXT) vllm==0.34.0
+	touch $(VLLM_NEXT_STAMP)
+
 setup: $(STAMP)
 
-# The test command: lint (ruff, mypy strict), then the whole suite.
-test: setup $(VLLM_STAMP)
+# The test command: lint (ruff, mypy strict), tests/vllm on vLLM 0.34, then the whole
+# suite (tests/vllm on vLLM 0.33 with it).
+test: setup $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy $(TYPED_PATHS)
+	PYTHONPATH=$(VLLM_NEXT) $(BIN)/python -m pytest -q tests/vllm
 	$(BIN)/python -m pytest -q tests
 
 bench: setup
