@@ -398,7 +398,11 @@ class S3Tier(SecondaryTier):
 
     async def _on_close(self) -> None:
         if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=self.settings.timeout_s)
+            _, late = await asyncio.wait(set(self._tasks), timeout=self.settings.timeout_s)
+            for task in late:  # a delete still waiting for an absent server
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=self.settings.timeout_s)
         await self._store.close()
         self._io.copier.shutdown(wait=False)
 

@@ -38,7 +38,7 @@ from kvtiers.sdk import FailureReason
 from kvtiers_s3.client.body import Buffer, PartsBody
 from kvtiers_s3.settings import S3Settings
 
-__all__ = ["ObjectInfo", "ObjectStore", "classify", "describe"]
+__all__ = ["ObjectInfo", "ObjectStore", "classify", "describe", "refused"]
 
 T = TypeVar("T")
 LIST_CONCURRENCY = 32
@@ -64,6 +64,18 @@ def classify(exc: BaseException) -> FailureReason:
     if "Timeout" in name:  # botocore's ConnectTimeoutError / ReadTimeoutError
         return FailureReason.TIMEOUT
     return FailureReason.IO
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether the server answered the request with a client error (4xx): it was
+    refused whole, nothing of it can take effect later. A timeout, a dropped
+    connection or a server error (5xx) leaves the outcome unknown (False)."""
+    cause = exc if exc.__cause__ is None else exc.__cause__
+    response = getattr(cause, "response", None)
+    if not isinstance(response, dict):
+        return False
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return isinstance(status, int) and 400 <= status < 500
 
 
 def describe(exc: BaseException, settings: S3Settings) -> str:
@@ -214,12 +226,7 @@ class ObjectStore:
             finally:
                 body.close()
 
-        fut = asyncio.get_running_loop().run_in_executor(self._boto3.pool, run)
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await asyncio.wait([fut])
-            raise
+        return await _to_the_end(self._boto3.pool, run)
 
     async def put_made(self, name: str, make: Callable[[], Sequence[Buffer] | None]) -> bool:
         """PUT the body made of the parts `make()` returns, both on one request
@@ -249,12 +256,7 @@ class ObjectStore:
                 body.close()
             return True
 
-        fut = asyncio.get_running_loop().run_in_executor(self._boto3.pool, run)
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await asyncio.wait([fut])
-            raise
+        return await _to_the_end(self._boto3.pool, run)
 
     async def size(self, name: str) -> int | None:
         """The object's size, or None when there is no such object."""
@@ -359,6 +361,21 @@ class ObjectStore:
         if self._s3 is not None:
             client, self._s3 = self._s3, None
             await client.close()
+
+
+async def _to_the_end(pool: Any, run: Callable[[], T]) -> T:
+    """`run()` on a thread of `pool`, awaited. Cancelled, it waits for the thread to
+    end before the cancellation goes on (what `run` touches is never touched later),
+    and reads how it ended - its result or error is nobody's any more, and asyncio
+    would log an error never read (a request timed out on a frozen server)."""
+    fut = asyncio.get_running_loop().run_in_executor(pool, run)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait([fut])
+        if not fut.cancelled():
+            fut.exception()
+        raise
 
 
 class _Boto3:

@@ -17,6 +17,10 @@ the stored objects visible and settles the other keys the way their request went
 A key whose block object is quarantined (`holdings.index`: an object the tier cannot
 prove its own) fails `rejected`: the tier never overwrites what it did not write.
 A PUT of a name whose delete is in flight waits for the delete to return first.
+A PUT that failed with its outcome unknown (a timeout, a dropped connection, a
+server error) may still land - a frozen server writes what it held once it runs
+again - while its keys were reported not stored: the tier takes the object back
+(`IoContext.retract`), so the prefix never holds bytes the tier does not count.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from kvtiers.sdk import (
 )
 
 from kvtiers_s3.client.body import Buffer, joined
-from kvtiers_s3.client.objects import classify
+from kvtiers_s3.client.objects import classify, refused
 from kvtiers_s3.holdings.index import Member, StoredObject, segment_oid
 from kvtiers_s3.jobs.iocontext import IoContext, engine_failure
 from kvtiers_s3.jobs.latency import STORE
@@ -153,21 +157,24 @@ class Stores:
             return parts if members else None
 
         began = time.perf_counter()
+        sent = False
         try:
             if put.name in io.deleting:  # a delete landing after the PUT would take it
                 await asyncio.wait_for(io.deleted(put.name), io.timeout(job))
             if io.store.streams:  # sent from the slots on the request's own thread
+                sent = True
                 await asyncio.wait_for(io.store.put_made(put.name, make), io.timeout(job))
             else:
                 data = await io.off_loop(lambda: None if (p := make()) is None else joined(p))
                 if data is not None:
+                    sent = True
                     await asyncio.wait_for(io.store.put(put.name, data), io.timeout(job))
         except Exception as exc:  # noqa: BLE001 - every failure is a reason, never raised
             reason = classify(exc)
             io.errors.record("store", exc)
             plan.failed[leader] = reason
-            if put.packed:  # it may have landed: no orphan left behind
-                io.delete_names([put.name])
+            if sent and not refused(exc):  # it may land yet, uncounted: taken back
+                io.retract(put.name)
             return reason
         members = made[0] if made else {}
         if not members:
