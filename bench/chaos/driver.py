@@ -6,7 +6,10 @@ clock, with removal events on: the driver then knows which blocks the tier gave 
 by policy and which it lost. `Driver` stores random blocks and loads them back,
 timing each job from submit to result. It runs in one thread and blocks on each
 job (at most `timeout_s`, after which the job counts as hung and the scenario
-fails)."""
+fails). Each call it makes on the scheduler's side of the tier (`lookup` of every
+key it loads, `submit_store`, `submit_load`, `get_finished_jobs`) is timed on its
+own: the longest is the row's `scheduler_stall_s`, which shows a tier that blocks
+the scheduler thread (those calls must never wait for I/O)."""
 
 from __future__ import annotations
 
@@ -53,6 +56,40 @@ def differing(a: bytes, b: bytes) -> int:
     return sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
 
 
+class _Timed:
+    """`tier` with its scheduler-side calls timed; the longest goes to `row`. Every
+    other attribute is the tier's own."""
+
+    def __init__(self, tier: SecondaryTier, row: Row):
+        self._tier = tier
+        self._row = row
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tier, name)
+
+    def _timed(self, name: str, *args: Any) -> Any:
+        start = time.monotonic()
+        try:
+            return getattr(self._tier, name)(*args)
+        finally:
+            took = time.monotonic() - start
+            if took > self._row.scheduler_stall_s:
+                self._row.scheduler_stall_s = took
+                self._row.scheduler_stall_call = name
+
+    def lookup(self, key: BlockKey) -> Any:
+        return self._timed("lookup", key)
+
+    def submit_store(self, job: Any) -> None:
+        self._timed("submit_store", job)
+
+    def submit_load(self, job: Any) -> None:
+        self._timed("submit_load", job)
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        return self._timed("get_finished_jobs")  # type: ignore[no-any-return]
+
+
 class Driver:
     """Stores and loads batches of `batch` blocks through `tier`, keeping what each
     key must hold, and adds what it sees to `row`."""
@@ -66,7 +103,8 @@ class Driver:
         if self.pool.num_slots < 2 * batch:
             raise ValueError(f"a pool of {self.pool.num_slots} slots cannot hold two jobs "
                              f"of {batch} blocks")
-        self.jobs = JobTracker(tier, timeout_s)
+        self.timed = _Timed(tier, row)
+        self.jobs = JobTracker(self.timed, timeout_s)  # type: ignore[arg-type]
         self.stored: dict[BlockKey, bytes] = {}  # reported stored, not reported removed
         self.removed = 0
 
@@ -102,6 +140,8 @@ class Driver:
         slots = range(self.batch, self.batch + len(keys))
         for slot in slots:
             self.pool.block(slot)[:] = os.urandom(self.pool.block_bytes)
+        for key in keys:  # as a scheduler does before a load (the answer is not needed)
+            self.timed.lookup(key)
         result = self._run("load", keys, slots)
         for key, slot in zip(keys, slots, strict=True):
             if key in result.ok:

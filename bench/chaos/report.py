@@ -30,6 +30,10 @@ class Row:
     wrong_bytes: int = 0  # bytes of loaded blocks that differ from what was stored
     lost_blocks: int = 0  # reported stored, never reported removed, then not served
     longest_wait_s: float = 0.0  # the longest single job, submit to result
+    #: the longest single scheduler-side call (lookup, submit, collecting results):
+    #: a tier that blocks the scheduler thread shows here
+    scheduler_stall_s: float = 0.0
+    scheduler_stall_call: str = ""  # which call that was
     errors: Counter[str] = field(default_factory=Counter)  # "op:reason" -> keys
     recovery_s: float | None = None  # fault gone -> first job that succeeded again
     usage_bytes: int | None = None
@@ -82,7 +86,8 @@ def _secs(value: float | None) -> str:
 
 def table(rows: list[Row]) -> str:
     head = (f"{'scenario':<28} {'rounds':>6} {'stored':>7} {'checked':>7} {'wrong B':>7} "
-            f"{'lost':>5} {'wait s':>7} {'recov s':>7} {'usage / store':>21}  errors by reason")
+            f"{'lost':>5} {'wait s':>7} {'stall s':>7} {'recov s':>7} {'usage / store':>21}  "
+            "errors by reason")
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.skipped:
@@ -92,7 +97,8 @@ def table(rows: list[Row]) -> str:
             f"{r.usage_bytes}/{r.store_bytes} {'ok' if r.usage_matches else 'NO'}"
         lines.append(f"{r.scenario:<28} {r.rounds:>6} {r.blocks_stored:>7} "
                      f"{r.blocks_checked:>7} {r.wrong_bytes:>7} {r.lost_blocks:>5} "
-                     f"{r.longest_wait_s:>7.2f} {_secs(r.recovery_s):>7} {usage:>21}  "
+                     f"{r.longest_wait_s:>7.2f} {r.scheduler_stall_s:>7.3f} "
+                     f"{_secs(r.recovery_s):>7} {usage:>21}  "
                      f"{_errors(r.errors)}")
         lines += [f"{'':<28}   note: {n}" for n in r.notes]
         lines += [f"{'':<28}   PROBLEM: {p}" for p in r.problems]

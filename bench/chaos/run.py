@@ -1,5 +1,6 @@
 """Run the chaos scenarios and report, per scenario: wrong bytes served (must be 0),
-blocks reported stored and later lost, the longest job (submit to result), errors
+blocks reported stored and later lost, the longest job (submit to result), the
+longest single scheduler-side call (lookup, submit, collecting results), errors
 by reason, the recovery time after a fault ends (where one applies) and the tier's
 usage against what its store really holds (files on disk, objects listed).
 
@@ -14,6 +15,14 @@ Scenarios (a module each in bench/chaos/):
   s3-server-kill   the S3 server killed -9 mid-run and restarted (needs kvtiers-s3
                    and the test servers: rclone, SeaweedFS in the long profile)
   s3-server-freeze the S3 server frozen (SIGSTOP) mid-run, then continued
+  redis-server-kill   the tests' redis-server (durable) killed -9 mid-run and
+                      restarted, under the example redis tier (kvtiers-redis)
+  redis-server-freeze the same server frozen (SIGSTOP), then continued
+  p2p-node-kill    a `kvtiers serve` cache node killed -9 while a p2p tier pushes
+                   into it and pulls from it, then restarted (it comes back empty)
+  p2p-node-freeze  the same node frozen (SIGSTOP), then continued
+  damage           fs block files flipped or cut short on disk, s3 objects flipped
+                   through boto3, mid-run: never served, one failed load each
 
 Profiles: `short` (about a minute on 2 cores; what tests/bench/test_chaos.py runs)
 and `long` (more rounds and outages, bigger disks: several minutes). A scenario
@@ -36,10 +45,22 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from bench.chaos import fs_full, fs_kills, s3_freeze, s3_kill
+from bench.chaos import (
+    damage,
+    fs_full,
+    fs_kills,
+    p2p_freeze,
+    p2p_node,
+    redis_freeze,
+    redis_kill,
+    s3_freeze,
+    s3_kill,
+)
 from bench.chaos.report import Row, table, write_json
 
-SCENARIOS: dict[str, ModuleType] = {m.NAME: m for m in (fs_full, fs_kills, s3_kill, s3_freeze)}
+SCENARIOS: dict[str, ModuleType] = {m.NAME: m for m in (
+    fs_full, fs_kills, s3_kill, s3_freeze, redis_kill, redis_freeze, p2p_node, p2p_freeze,
+    damage)}
 PROFILES = ("short", "long")
 
 

@@ -6,8 +6,9 @@ timeout instead of being refused. `longest_wait_s` shows which bound a job reall
 has (the tier's `timeout_s` is 2 s here; the server is frozen longer than two
 requests' timeouts); `recovery_s` runs from SIGCONT to the end of the first job
 submitted after it that succeeded whole. A store that passed its deadline may land
-on the server once it runs again: the tier counts such objects by its next listing
-(`rescan_s`, 2 s here), which the usage check waits for."""
+on the server once it runs again: the tier deletes such objects once the server
+answers (and once more a second later); the usage check waits for the listing to
+agree (the tier also lists every `rescan_s`, 2 s here)."""
 
 from __future__ import annotations
 

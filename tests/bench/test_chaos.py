@@ -14,9 +14,22 @@ from pathlib import Path
 import pytest
 from kvtiers.testing import random_keys
 
-from bench.chaos import fs_full, fs_kills, run, s3_freeze, s3_kill
+from bench.chaos import (
+    damage,
+    driver,
+    fs_full,
+    fs_kills,
+    p2p_freeze,
+    p2p_node,
+    redis_freeze,
+    redis_kill,
+    run,
+    s3_freeze,
+    s3_kill,
+)
 from bench.chaos.driver import Driver, open_tier
 from bench.chaos.report import Row
+from bench.chaos.report import table as report_table
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 4096
@@ -60,6 +73,41 @@ def test_s3_server_killed_or_frozen_then_back_recovers(name: str, tmp_path: Path
     for row in _short(name, tmp_path):
         assert sum(row.errors.values()) > 0  # jobs failed while the server was away
         assert row.recovery_s is not None
+
+
+@pytest.mark.parametrize("name", [redis_kill.NAME, redis_freeze.NAME])
+def test_redis_server_killed_or_frozen_then_back_recovers(name: str, tmp_path: Path) -> None:
+    (row,) = _short(name, tmp_path)
+    assert row.errors["store:io"] + row.errors["store:timeout"] > 0  # the outage was seen
+    assert row.recovery_s is not None
+
+
+def test_p2p_node_killed_comes_back_empty_and_the_puller_recovers(tmp_path: Path) -> None:
+    (row,) = _short(p2p_node.NAME, tmp_path)
+    assert row.rounds == p2p_node.PROFILES["short"]["outages"]
+    assert row.errors["gone-with-node"] > 0  # the kill took the node's pool with it
+    assert row.recovery_s is not None
+
+
+def test_p2p_node_frozen_keeps_its_blocks_and_the_puller_recovers(tmp_path: Path) -> None:
+    (row,) = _short(p2p_freeze.NAME, tmp_path)
+    assert sum(row.errors.values()) > 0  # jobs failed while the node was frozen
+    assert row.errors["gone-with-node"] == 0
+    assert row.recovery_s is not None
+
+
+def test_damaged_blocks_are_never_served_and_fail_one_load_each(tmp_path: Path) -> None:
+    rows = _short(damage.NAME, tmp_path)
+    assert {r.scenario for r in rows} >= {"damage (fs flip)", "damage (fs truncate)"}
+    damaged = damage.PROFILES["short"]["damaged"]
+    for row in rows:
+        kind = row.scenario.split()[-1].rstrip(")")
+        hit = row.errors[f"damaged:{kind}"]  # keys in the objects damaged
+        assert hit == damaged if "segments" not in row.scenario else hit >= damaged // 4
+        assert row.errors["refailed"] == 0
+        failed = row.errors["load:corrupt"] + row.errors["load:missing"]
+        assert failed > 0  # the damage had its effect
+        assert failed + row.errors["damaged:served-right"] == hit  # one failure each
 
 
 # -- the checks themselves ----------------------------------------------------------
@@ -113,3 +161,34 @@ def test_the_runner_refuses_an_unknown_scenario_naming_the_allowed_ones() -> Non
     assert out.returncode == 2
     assert "unknown scenario(s) ['fs-ful']" in out.stderr
     assert all(name in out.stderr for name in run.SCENARIOS)
+
+
+class _Clock:
+    """A stand-in for the driver's `time`: seconds pass only when told."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_tier_blocking_the_scheduler_thread_shows_as_a_stall(
+        faulty: list[object], monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(driver, "time", clock)
+    drive, row = _drive(faulty, {"type": "memory", "capacity_bytes": 1 << 20})
+    tier = drive.tier
+    submit = tier.submit_store
+
+    def blocking_submit(job: object) -> None:
+        clock.now += 7.0  # as if it waited for I/O on the scheduler's thread
+        submit(job)  # type: ignore[arg-type]
+
+    drive.store()
+    assert row.scheduler_stall_s == 0.0
+    tier.submit_store = blocking_submit  # type: ignore[method-assign]
+    drive.store()
+    drive.check_all()
+    assert row.scheduler_stall_s == 7.0 and row.scheduler_stall_call == "submit_store"
+    assert "stall s" in report_table([row])
