@@ -151,7 +151,8 @@ class RedisTier(SecondaryTier):
         recency = await read_recency(io.client, self.names, s.timeout_s)
         doomed: list[bytes] = []
         for key, expires in order(found.blocks, recency):
-            if key not in self.index:  # (a later scan: stored meanwhile)
+            # (a later scan: stored meanwhile, or being taken back)
+            if key not in self.index and key not in io.retractions:
                 doomed += [k for k, _ in self.index.add(key, expires, self.ctx.block_bytes)]
         await io.client.set(self.names.namespace, json.dumps(ops.describe(self.ctx)))
         self.ctx.logger.info(

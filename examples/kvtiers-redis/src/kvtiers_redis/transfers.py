@@ -18,8 +18,11 @@ answers nil for a value of another type) is a miss. Each leaves the index.
 
 Stores: the start hook reserves room in the index (evicting by policy; evicted
 values are deleted in the background) and runs the new keys as items; the end hook
-makes what was SET visible to `lookup`. With `ttl_s`, each SET carries a Redis
-expiry (`PX`), and the index remembers when it ends (wall-clock ms).
+makes what was SET visible to `lookup`. A pipeline that timed out or lost its
+connection may still be carried out by the server later: its keys are taken back
+(`retract.Retractions`), and a new store of them waits for that. With `ttl_s`,
+each SET carries a Redis expiry (`PX`), and the index remembers when it ends
+(wall-clock ms).
 
 Threads: built on the scheduler thread (the tier's constructor); `attach` once
 the client exists on the loop; everything else on the loop thread, except the
@@ -51,10 +54,11 @@ from kvtiers.sdk import (
     run_off_loop,
     verify,
 )
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from kvtiers_redis import record
 from kvtiers_redis.names import Names
+from kvtiers_redis.retract import Retractions
 from kvtiers_redis.settings import RedisSettings
 
 __all__ = ["Transfers", "wall_ms"]
@@ -93,6 +97,7 @@ class Transfers:
         self.fingerprint = ctx.namespace.fingerprint
         self.block_bytes = ctx.block_bytes
         self.ttl_ms = int(settings.ttl_s * 1000) if settings.ttl_s > 0 else 0
+        self.retractions = Retractions(names, errors, spawn)
         self.copier = ThreadPoolExecutor(max(1, settings.concurrency),
                                          thread_name_prefix=f"kvtiers-{ctx.name or 'redis'}-copy")
         self.load = AsyncJobHooks(block=self._load, batch=self._load_many, end=self._end_load)
@@ -119,10 +124,14 @@ class Transfers:
         try:
             return await asyncio.wait_for(call, self.timeout(job))
         except EXPECTED as exc:
-            if job.expired():
-                return FailureReason.TIMEOUT
-            self.errors.record(op, exc)
-            return FailureReason.IO
+            return self.failure(job, op, exc)
+
+    def failure(self, job: Job, op: str, exc: BaseException) -> FailureReason:
+        """`timeout` once the job's deadline has passed, else `io` (recorded)."""
+        if job.expired():
+            return FailureReason.TIMEOUT
+        self.errors.record(op, exc)
+        return FailureReason.IO
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a copier thread (`kvtiers.sdk.run_off_loop`)."""
@@ -248,12 +257,25 @@ class Transfers:
                 if v is not None]
         if not todo:
             return out
+        keys = [job.keys[i] for _, i, _ in todo]
+        if any(k in self.retractions for k in keys):
+            # A late clean-up of an earlier store must not take the new values.
+            waited = await self.request(job, "store", self.retractions.settled(keys))
+            if isinstance(waited, FailureReason):
+                return [waited] * len(indices)
         # Taken before the SETs: the index's expiry is never later than Redis's.
         expires = wall_ms() + self.ttl_ms if self.ttl_ms else 0
         pipe = self.client.pipeline(transaction=False)
         for _, i, value in todo:
             pipe.set(self.names.block(job.keys[i]), value, px=self.ttl_ms or None)
-        done = await self.request(job, "store", pipe.execute(raise_on_error=False))
+        done: list[Any] | FailureReason
+        try:
+            done = await asyncio.wait_for(pipe.execute(raise_on_error=False),
+                                          self.timeout(job))
+        except EXPECTED as exc:
+            done = self.failure(job, "store", exc)
+            if not isinstance(exc, ResponseError):  # it may land yet, uncounted
+                self.retractions.retract(keys, lambda names: self.client.unlink(*names))
         for k, (n, i, _) in enumerate(todo):
             if isinstance(done, FailureReason):
                 out[n] = done
