@@ -5,6 +5,7 @@ parser; the pulled bytes checked."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -152,3 +153,24 @@ def test_a_bad_port_or_no_prometheus_is_refused_before_serving(tmp_path: Path) -
     done = subprocess.run([sys.executable, "-m", "kvtiers", "serve", "--help"],
                           capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60)
     assert done.returncode == 0 and "--metrics-port" in done.stdout
+
+
+def test_the_ready_file_overwrites_no_file_of_the_users(tmp_path: Path) -> None:
+    """`--ready-file PATH` writes PATH whole through a temporary of a fresh name: a
+    file of the user's at `PATH.tmp` (the name it once used) stays as it was."""
+    mine = tmp_path / "ready.json.tmp"
+    data = os.urandom(333)
+    mine.write_bytes(data)
+    proc, ready = _serve(tmp_path)
+    try:
+        end = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < end, proc.stderr
+            time.sleep(0.02)
+        assert json.loads(ready.read_text())["endpoints"]
+        assert mine.read_bytes() == data
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ready.json", "ready.json.tmp"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0

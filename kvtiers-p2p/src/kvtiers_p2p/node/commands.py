@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import FrameType
@@ -136,9 +138,7 @@ def run_serve(args: argparse.Namespace) -> int:
                   f"{node.pool.num_slots} blocks of {geometry.block_bytes} bytes", file=out,
                   flush=True)
             if args.ready_file is not None:
-                tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
-                tmp.write_text(json.dumps({"endpoints": node.endpoints}))
-                os.replace(tmp, args.ready_file)
+                _write_ready(args.ready_file, node.endpoints)
             last = time.monotonic()
             while not stopping:
                 node.step()
@@ -212,3 +212,18 @@ def run_p2p(args: argparse.Namespace) -> int:
           f"pullers as server_public_key_file)\nsecret key: {secret} (mode 0600; "
           "secret_key_file of this side's curve section)")
     return 0
+
+
+def _write_ready(path: Path, endpoints: list[str]) -> None:
+    """`--ready-file`: the endpoints as JSON, put in place whole (readers never see a
+    partial file) from a temporary of a fresh name beside it, so no file of the
+    user's is overwritten but the one named."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"endpoints": endpoints}))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
