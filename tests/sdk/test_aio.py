@@ -392,3 +392,38 @@ def test_kinds_are_reported_to_stats(engines: Engines) -> None:
     snap = stats.snapshot(0)
     assert (snap.blocks_written, snap.blocks_read) == (2, 3)
     assert STORE == "store"
+
+
+def test_run_off_loop_cancelled_while_its_function_raises_leaves_nothing_unread() -> None:
+    """Cancelled mid-call, `run_off_loop` waits for the thread and reads how it ended:
+    a function that raised meanwhile is not reported as 'exception never retrieved'."""
+    import gc
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvtiers.sdk import run_off_loop
+
+    started, release = threading.Event(), threading.Event()
+
+    def copy() -> None:
+        started.set()
+        release.wait(5)
+        raise OSError("copy failed")
+
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _l, ctx: reported.append(ctx))
+        with ThreadPoolExecutor(1) as pool:
+            task = asyncio.create_task(run_off_loop(pool, copy))
+            await asyncio.to_thread(started.wait, 5)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        del task
+        gc.collect()
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert reported == []

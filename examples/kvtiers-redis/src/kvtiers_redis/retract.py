@@ -4,9 +4,10 @@ A pipeline of SETs that timed out or lost its connection may still be carried ou
 a server that was frozen (SIGSTOP) or slow past the job's deadline reads the
 requests it holds in its socket buffers once it runs again, and writes the values -
 while the tier reported those keys not stored and never counts them. So the tier
-deletes (UNLINK) their names: until the server answers a delete, then once more
-`SETTLE_S` later, for requests it was still holding when it resumed (they came on
-another connection; the server orders nothing across connections). A refusal by
+deletes (UNLINK) their names with `kvtiers.sdk.take_back`: until the server answers a
+delete, then once more a second later, for requests it was still holding when it
+resumed (they came on another connection; the server orders nothing across
+connections). A refusal by
 the server (an error reply) changed nothing and is not taken back.
 
 Until a key's retraction ends the key is as good as gone: a new store of it waits
@@ -22,17 +23,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
-from kvtiers.sdk import ErrorCounts
+from kvtiers.sdk import ErrorCounts, take_back
 
 from kvtiers_redis.names import Names
 
 __all__ = ["Retractions"]
-
-#: after a retracting delete is answered, the wait for requests the server held
-SETTLE_S = 1.0
-#: first and longest pause between retracting deletes the server did not answer
-PAUSE_S = 0.25
-PAUSE_MAX_S = 5.0
 
 
 class Retractions:
@@ -71,19 +66,7 @@ class Retractions:
                    unlink: Callable[[list[bytes]], Awaitable[object]],
                    done: asyncio.Event) -> None:
         try:
-            pause = PAUSE_S
-            while True:
-                try:
-                    await unlink(names)
-                    break
-                except Exception as exc:  # noqa: BLE001 - the server is away: again, later
-                    self.errors.record("retract", exc)
-                    await asyncio.sleep(pause)
-                    pause = min(2 * pause, PAUSE_MAX_S)
-            await asyncio.sleep(SETTLE_S)
-            await unlink(names)
-        except Exception as exc:  # noqa: BLE001 - answered once: a late one is rare
-            self.errors.record("retract", exc)
+            await take_back(lambda: unlink(names), self.errors)
         finally:
             for key in keys:
                 if self.pending.get(key) is done:

@@ -20,6 +20,9 @@ fragments) and `kvtiers.errors`, and nothing else of the core (its tests add
   flight, removals reported, and recency export/restore as JSON; a queued mode
   (the scheduler's pin/touch never take its lock) and a feed from shared storage
   (`adopt`, `hold`/`release`) for tiers whose decisions are in a shared journal.
+- `take_back(delete, errors)` (`kvtiers.sdk.late_writes`): undo a remote write whose
+  outcome is unknown (a timeout while the server was frozen): delete until answered,
+  then once more a second later.
 - `ErrorCounts` (`kvtiers.sdk.error_counts`): problems counted by kind and logged
   once per kind, scrubbed of secrets (a tier's `stats().errors`): `record(op, exc)`,
   `note(op, what, message)`.
@@ -114,6 +117,7 @@ if TYPE_CHECKING:
         AsyncJobHooks,
         run_off_loop,
     )
+    from kvtiers.sdk.late_writes import take_back
 
 __all__ = [
     "ALIGN",
@@ -198,6 +202,7 @@ __all__ = [
     "round_up",
     "run_off_loop",
     "scrub",
+    "take_back",
     "type_name",
     "verify",
 ]
@@ -205,4 +210,5 @@ __all__ = [
 _AIO = {"AsyncBatchFn", "AsyncBlockFn", "AsyncJobEngine", "AsyncJobHooks", "run_off_loop"}
 
 
-__getattr__ = lazy_names(__name__, dict.fromkeys(_AIO, "kvtiers.sdk.aio"))
+__getattr__ = lazy_names(__name__, {**dict.fromkeys(_AIO, "kvtiers.sdk.aio"),
+                                    "take_back": "kvtiers.sdk.late_writes"})

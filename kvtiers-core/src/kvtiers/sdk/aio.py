@@ -61,6 +61,8 @@ async def run_off_loop(executor: concurrent.futures.Executor, fn: Callable[..., 
         return await asyncio.shield(fut)
     except asyncio.CancelledError:
         await asyncio.wait([fut])
+        if not fut.cancelled():
+            fut.exception()  # read: the cancellation wins, nothing is logged unread
         raise
 
 #: `block(job, i)`: a coroutine doing the I/O of key `i`; None when it succeeded

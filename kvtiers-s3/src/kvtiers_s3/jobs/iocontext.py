@@ -15,7 +15,15 @@ from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kvtiers.sdk import ErrorCounts, FailureReason, Job, StatsRecorder, TierContext, run_off_loop
+from kvtiers.sdk import (
+    ErrorCounts,
+    FailureReason,
+    Job,
+    StatsRecorder,
+    TierContext,
+    run_off_loop,
+    take_back,
+)
 
 from kvtiers_s3.client.objects import ObjectStore
 from kvtiers_s3.holdings.index import Holdings, StoredObject
@@ -26,11 +34,6 @@ from kvtiers_s3.settings import S3Settings
 __all__ = ["IoContext", "engine_failure"]
 
 T = TypeVar("T")
-#: after a retracting delete is answered, the wait for requests the server held
-RETRACT_SETTLE_S = 1.0
-#: first and longest pause between retracting deletes the server did not answer
-RETRACT_PAUSE_S = 0.25
-RETRACT_PAUSE_MAX_S = 5.0
 
 
 class IoContext:
@@ -102,31 +105,16 @@ class IoContext:
         key was reported not stored. Until the PUT is provably undone the name is
         as good as gone (`deleting`: no probe or listing takes it in, a store of it
         waits): deleted until the server answers a delete, then - the requests it
-        held are handled as it runs again - once more `RETRACT_SETTLE_S` later.
+        held are handled as it runs again - once more a second later
+        (`kvtiers.sdk.take_back`).
         Call once the PUT's own request has ended (its thread, its connection)."""
         done = asyncio.Event()
         self.deleting[name] = done
         self.spawn(self._retract(name, done))
 
     async def _retract(self, name: str, done: asyncio.Event) -> None:
-        # No `wait_for` around the deletes: a delete cut short could itself land
-        # late, after a new store of the name. Each one ends by the client's own
-        # timeouts; the tier's close cancels what is left (the next start-up's
-        # listing counts a late object then).
         try:
-            pause = RETRACT_PAUSE_S
-            while True:
-                try:
-                    await self.store.delete([name])
-                    break
-                except Exception as exc:  # noqa: BLE001 - the server is away: again, later
-                    self.errors.record("retract", exc)
-                    await asyncio.sleep(pause)
-                    pause = min(2 * pause, RETRACT_PAUSE_MAX_S)
-            await asyncio.sleep(RETRACT_SETTLE_S)
-            await self.store.delete([name])
-        except Exception as exc:  # noqa: BLE001 - answered once: a late one is rare
-            self.errors.record("retract", exc)
+            await take_back(lambda: self.store.delete([name]), self.errors)
         finally:
             if self.deleting.get(name) is done:
                 del self.deleting[name]
