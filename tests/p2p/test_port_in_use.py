@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kvtiers import build_manager, load_config
@@ -166,3 +167,29 @@ def test_a_server_that_cannot_listen_leaves_nothing_open(taken: int) -> None:
     assert server._ctx.closed and server.endpoint == ""  # the context's threads ended
     server.close()  # idempotent after a failed start
     mgr.close()
+
+
+def test_a_node_that_cannot_listen_closes_its_manager_tiers_and_pool(
+        taken: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtiers.manager import TieringOffloadingManager
+    from kvtiers_p2p.node import cache_node
+
+    managers: list[Any] = []
+
+    class Recorded(TieringOffloadingManager):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.closed_by_node = False
+            managers.append(self)
+
+        def close(self) -> None:
+            self.closed_by_node = True
+            super().close()
+
+    monkeypatch.setattr(cache_node, "TieringOffloadingManager", Recorded)
+    config = load_config({"cpu_bytes_to_use": SLOTS * BB, "secondary_tiers": [
+        {"type": "p2p", "host": "127.0.0.1", "port": taken}]})
+    with pytest.raises(cache_node.CannotListen) as caught:
+        cache_node.CacheNode(config, make_namespace(block_bytes=BB))
+    assert caught.value.errno == errno.EADDRINUSE
+    assert [m.closed_by_node for m in managers] == [True]

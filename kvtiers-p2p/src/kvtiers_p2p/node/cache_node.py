@@ -131,8 +131,12 @@ class CacheNode:
                 except ListenError as exc:
                     raise CannotListen(exc, where[id(tier)]) from exc
         except BaseException:
-            for built in tiers:
-                built.close()
+            manager = getattr(self, "manager", None)
+            if manager is not None:
+                manager.close()  # its tiers (the metered wrappers) with it
+            else:
+                for built in tiers:
+                    built.close()
             self.pool.close()
             raise
         self.stored = 0  # blocks peers pushed that the node kept
