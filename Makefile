@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.installed-vllm
+SGLANG_STAMP := $(VENV)/.installed-sglang
 
 .PHONY: setup test bench plugins lint clean
 
@@ -54,11 +55,18 @@ $(VLLM_NEXT_STAMP): $(VLLM_STAMP)
 	$(BIN)/pip install -q --no-deps --target $(VLLM_NEXT) vllm==0.34.0
 	touch $(VLLM_NEXT_STAMP)
 
+# SGLang for tests/sglang (kvtiers-sglang against SGLang's real storage classes on
+# CPU), without its dependencies (they pull CUDA builds): SGLang itself and the few
+# packages its storage modules import (about 230 MB installed).
+$(SGLANG_STAMP): $(STAMP) requirements-sglang.txt
+	$(BIN)/pip install -q --no-deps -r requirements-sglang.txt
+	touch $(SGLANG_STAMP)
+
 setup: $(STAMP)
 
 # The test command: lint (ruff, mypy strict), tests/vllm on vLLM 0.34, then the whole
 # suite (tests/vllm on vLLM 0.33 with it).
-test: setup $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
+test: setup $(VLLM_STAMP) $(VLLM_NEXT_STAMP) $(SGLANG_STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy $(TYPED_PATHS)
 	PYTHONPATH=$(VLLM_NEXT) $(BIN)/python -m pytest -q tests/vllm
@@ -70,11 +78,11 @@ bench: setup
 # ruff with the rules of pyproject.toml, mypy strict on the distributions' sources
 # and on the example tiers docs/plugins.md shows (what authors copy must type-check).
 LINT_PATHS := $(dir $(DISTS)) tests bench examples
-TYPED_PATHS := $(addsuffix src,$(dir $(DISTS))) tests/vllm tests/p2p \
+TYPED_PATHS := $(addsuffix src,$(dir $(DISTS))) tests/vllm tests/p2p tests/sglang \
 	examples/kvtiers-scratch/src examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src \
 	examples/embedding examples/kvtiers-redis/src tests/redis
 
-lint: setup $(VLLM_STAMP)
+lint: setup $(VLLM_STAMP) $(SGLANG_STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy $(TYPED_PATHS)
 

@@ -40,6 +40,7 @@ from tests.architecture import (
 #: applications shipped inside distributions, by path (files or directories)
 APPS = frozenset({
     "kvtiers-vllm/src/kvtiers_vllm",  # the vLLM adapter: an engine integration
+    "kvtiers-sglang/src/kvtiers_sglang",  # the SGLang adapter: an engine integration
     "kvtiers-p2p/src/kvtiers_p2p/node",  # `kvtiers serve`: a node runs a manager, its CLI
     "examples/embedding",  # an engine embedding kvtiers
 })  # fmt: skip

@@ -95,6 +95,7 @@ _FORMATS = {
     "kvtiers": "kvtiers config",
     "vllm_kv_transfer_config": "vLLM kv_transfer_config",
     "vllm_extra_config": "vLLM kv_connector_extra_config",
+    "sglang_extra_config": "SGLang HiCache storage extra config",
 }
 
 
@@ -114,6 +115,8 @@ def summary(config: KvtiersConfig, registry: Registry) -> str:
     b = config.breaker
     lines = [
         f"valid: {config.source} ({fmt})",
+        "  cpu pool         SGLang's host pool (--hicache-size / --hicache-ratio)"
+        if config.source_format == "sglang_extra_config" else
         f"  cpu pool         {format_bytes(config.cpu_bytes_to_use)} "
         f"({config.cpu_bytes_to_use} bytes), eviction {config.eviction_policy}, "
         f"{config.write_policy}",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kvtiers.config import machine, stack, vllm
+from kvtiers.config import machine, sglang, stack, vllm
 from kvtiers.config.messages import found
 from kvtiers.config.model import BreakerConfig, KvtiersConfig, MetricsConfig, TierSection
 from kvtiers.config.numbers import MAX_INTEGER, covered, number_problems
@@ -51,8 +51,9 @@ def load_config(
     """Load and validate a config.
 
     `source`: a file path, an inline JSON string (starts with `{`), or a mapping; a
-    kvtiers config or vLLM's kv_transfer_config (whole, or its
-    kv_connector_extra_config), told apart automatically. `registry`: where tier
+    kvtiers config, vLLM's kv_transfer_config (whole, or its
+    kv_connector_extra_config) or SGLang's HiCache storage extra config
+    (`kvtiers.config.sglang`), told apart automatically. `registry`: where tier
     and policy names are looked up (default: the installed plugins).
     `check_machine=False` skips the checks against this machine's memory, to
     validate a config meant for another machine.
@@ -78,12 +79,16 @@ def _load(source: ConfigSource, registry: Registry, check_machine: bool) -> Kvti
     numbers = number_problems(document.data, ROOT)
     refused = {p.path for p in numbers}
     checker = Checker(registry, check_machine=check_machine)
-    unwrapped = vllm.unwrap(document.data, checker)
+    if sglang.detect(document.data):
+        unwrapped: vllm.Unwrapped | None = vllm.Unwrapped(
+            sglang.unwrap(document.data, checker), ROOT, sglang.SGLANG_EXTRA)
+    else:
+        unwrapped = vllm.unwrap(document.data, checker)
     if unwrapped is None:
         raise ConfigRejected(
             _final(numbers, checker.problems, refused), checker.warnings, checker.notes
         )
-    checker.vllm = unwrapped.source_format != vllm.NATIVE
+    checker.vllm = unwrapped.source_format in (vllm.VLLM_TRANSFER, vllm.VLLM_EXTRA)
     base = unwrapped.base
     doc = checker.section(CORE_SCHEMA, unwrapped.doc, base, owner="")
     tiers = doc.get("secondary_tiers")
