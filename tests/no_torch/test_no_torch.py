@@ -29,6 +29,12 @@ NEED_TORCH = {
 BENCH_MODULES = {
     "kvtiers.bench.content",
     "kvtiers.bench.engine",
+    "kvtiers.bench.hf.decoder",
+    "kvtiers.bench.hf.limits",
+    "kvtiers.bench.hf.multiturn",
+    "kvtiers.bench.hf.offload",
+    "kvtiers.bench.hf.paged",
+    "kvtiers.bench.hf.ttft",
     "kvtiers.bench.model",
     "kvtiers.bench.model_check",
     "kvtiers.bench.runner",

@@ -77,7 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(0: a free port, printed; needs the `metrics` extra of kvtiers-core)",
     )
 
+    from kvtiers.bench.hf.run import add_arguments as add_hf_arguments
     from kvtiers.cli.snapshot_cmd import add_storage_option
+
+    add_hf_arguments(parser)
 
     snap = parser.add_argument_group(
         "CPU pool snapshots (zarr v3 on a directory or fsspec URL; the `snapshot` extra)")
@@ -204,6 +207,11 @@ def run(args: argparse.Namespace) -> int:
             raise BenchRefused(f"--metrics-port must be 0..65535, got {args.metrics_port}")
         require_prometheus("kvtiers bench --metrics-port")
     _check_snapshot_options(args)
+    if args.engine == "hf":
+        _require_fs("--engine hf times fs hits and runs a CPU pool + fs stack")
+        from kvtiers.bench.hf.run import run as run_hf
+
+        return run_hf(args)
     if args.model_check:
         _require_fs("--model-check reloads the model's KV from an fs tier (its third run)")
         from kvtiers.bench.model_check import main as model_check_main
