@@ -44,7 +44,7 @@ KEY_SPACE = 1000  # (new each round): each often stores a key the other has in f
 SAMPLE = 256  # older blocks checked again after each round but the last
 #: rounds, and the window (seconds after start) each process is killed in
 PROFILES: dict[str, dict[str, Any]] = {
-    "short": {"rounds": 3, "writer_kill": (0.5, 3.0), "bench_kill": (2.0, 7.0)},
+    "short": {"rounds": 2, "writer_kill": (0.5, 3.0), "bench_kill": (2.0, 7.0)},
     "long": {"rounds": 40, "writer_kill": (0.5, 6.0), "bench_kill": (2.0, 12.0)},
 }
 BENCH = ["--model", "tiny", "--prefixes", "8", "--prefix-tokens", "128", "--prompt-tokens",
