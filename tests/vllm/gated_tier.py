@@ -13,17 +13,25 @@ from typing import Any
 class Gate:
     """Holds the kvtiers tier's loads until `open()`: each is submitted to the tier
     from a thread of its own once the gate opens, without its deadline (a read under
-    way does not stop at it). `drain` opens the gate and waits."""
+    way does not stop at it). `drain` opens the gate and waits. `hold`: how many
+    loads are held (the first ones); later ones go to the tier at once (None: all
+    are held)."""
 
-    def __init__(self, tier: Any) -> None:
+    def __init__(self, tier: Any, hold: int | None = None) -> None:
         self.inner = tier
         self.opened = threading.Event()
         self.threads: list[threading.Thread] = []
         self.submitted = 0  # loads held (jobs)
         self.blocks = 0  # ... and their blocks
+        self.passed = 0  # loads past `hold`, not held
         submit, drain = self.inner.submit_load, self.inner.drain
 
         def held_submit(job: Any) -> None:
+            if hold is not None and self.submitted >= hold:
+                self.passed += 1
+                submit(job)
+                return
+
             def run() -> None:
                 self.opened.wait()
                 submit(dataclasses.replace(job, deadline=None))

@@ -12,7 +12,9 @@ What vLLM's scheduler-side connector calls, and what each call becomes:
 - `on_schedule_end`: kvtiers' `step()` (collect tier jobs, submit the step's
   promotions and cascades as batched jobs).
 - `on_new_request` / `on_request_finished`: the request hooks (a request's
-  `kv_transfer_params` go to every tier).
+  `kv_transfer_params` go to every tier); at `on_request_finished` the request's
+  recency is committed in prefix order, head last, as vLLM's CPU cache policies do
+  (`request_recency.RequestRecency`: the keys it loaded, offered or stored).
 - `take_events`, `get_stats`, `config_info`, `reset_cache`, `on_reset_flushed`,
   `shutdown`: see each method.
 
@@ -56,6 +58,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvtiers_vllm.request_recency import RequestRecency
 from kvtiers_vllm.spec_metrics import StatsDelta
 from kvtiers_vllm.store_threshold import StoreThreshold
 
@@ -90,7 +93,9 @@ class KvtiersManager(OffloadingManager):
     """See the module docstring. `manager` is owned from now on (`shutdown` closes
     it); `tier_types` maps each tier's display name ("fs", "fs#2") to its type;
     `info` is the pool's row of `config_info`; `on_shutdown` runs last (it releases
-    the scheduler's view of vLLM's shared CPU region)."""
+    the scheduler's view of vLLM's shared CPU region). `touch_orders_only`: the
+    pool's policy takes a touch as recency alone (LRU), not as a second use (ARC,
+    SIEVE): a request's stored blocks are then touched too (`RequestRecency`)."""
 
     def __init__(
         self,
@@ -102,8 +107,10 @@ class KvtiersManager(OffloadingManager):
         stats_interval_s: float = 1.0,
         on_shutdown: Any = None,
         store_threshold: StoreThreshold | None = None,
+        touch_orders_only: bool = False,
     ):
         self._m = manager
+        self._recency = RequestRecency(manager.touch, recency_only=touch_orders_only)
         self._threshold = store_threshold
         self._tier_types = dict(tier_types)
         self._info = dict(info)
@@ -213,6 +220,7 @@ class KvtiersManager(OffloadingManager):
         loads = self._loads
         for key in keys:
             loads[key] = loads.get(key, 0) + 1
+        self._recency.loaded(keys, req_context)
         return CPULoadStoreSpec(slots)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -232,9 +240,15 @@ class KvtiersManager(OffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
         keys = keys if isinstance(keys, list) else list(keys)
+        offered = keys
         if self._threshold is not None:
             keys = self._threshold.offer(keys, self._m.slot_of)
         out = self._m.prepare_store(keys)
+        self._recency.offered(
+            out.keys if out is not None else (),
+            self._readable(offered, out.keys if out is not None else ()),
+            req_context,
+        )
         if out is None:
             return None
         if out.keys:
@@ -249,6 +263,21 @@ class KvtiersManager(OffloadingManager):
             store_spec=CPULoadStoreSpec(out.slots),
             evicted_keys=cast("list[OffloadKey]", out.evicted),
         )
+
+    def _readable(
+        self, offered: list[OffloadKey], stored: Sequence[OffloadKey]
+    ) -> list[OffloadKey]:
+        """The keys of a `prepare_store` offer that were readable in the pool: resident,
+        not given a slot by this call, no store (`_stores`) or promotion in flight."""
+        if len(stored) == len(offered):
+            return []  # every key offered was new (the common case)
+        new = set(stored)
+        slot_of, storing, promoting = self._m.slot_of, self._stores, self._m.promotion_source
+        return [
+            k for k in offered
+            if k not in new and k not in storing and slot_of(k) is not None
+            and promoting(k) is None
+        ]  # fmt: skip
 
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
@@ -265,6 +294,8 @@ class KvtiersManager(OffloadingManager):
         pop = self._stores.pop
         for key in ordered:
             pop(key, None)
+        if success:
+            self._recency.stored(ordered, req_context)
 
     # ---------------------------------------------------------------- requests
 
@@ -274,6 +305,7 @@ class KvtiersManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._sources.pop(req_context.req_id, None)
+        self._recency.finished(req_context)
         self._m.on_request_finished(req_context.req_id)
 
     # ---------------------------------------------------------------- steps
@@ -347,6 +379,7 @@ class KvtiersManager(OffloadingManager):
             self._stores, self._loads = {}, {}
             self._fenced = set(self._fenced_stores) | set(self._fenced_loads)
         self._sources.clear()
+        self._recency.reset()
         self._m.reset()
 
     def on_reset_flushed(self) -> None:

@@ -213,6 +213,7 @@ class KvtiersOffloadingSpec(OffloadingSpec):
             stats_interval_s=self.stats_interval_s,
             on_shutdown=_releaser(pool, region),
             store_threshold=self.store_threshold,
+            touch_orders_only=cfg.eviction_policy == "lru",
         )
 
     def namespace(self) -> Namespace:
