@@ -54,17 +54,14 @@ def test_kvtiers_reads_it_verbatim_as_vllms_own_stack() -> None:
 def here(root: Path, *, kvtiers_tier: bool) -> dict[str, Any]:
     """The config's extra section with what this machine needs: the harness's
     subclass of the spec (its CPU worker), a 16-block pool, a root under the test's
-    directory. `kvtiers_tier`: its fs entry as kvtiers' tier under vLLM's spec (with
-    a capacity)."""
+    directory. `kvtiers_tier`: its fs entry, as it is, as kvtiers' tier under vLLM's
+    spec."""
     extra: dict[str, Any] = copy.deepcopy(PR46216["kv_connector_extra_config"])
     extra.update(spec_name=TIERING, spec_module_path=h.SPEC_MODULE, cpu_bytes_to_use=16 * CHUNK)
     entry = extra["secondary_tiers"][0]
     root.mkdir()  # as /mnt/nvme_storage is there before the engine starts
     entry["root_dir"] = str(root)
-    if kvtiers_tier:
-        # Under vLLM's spec kvtiers' fs tier is not given a capacity derived from the
-        # free space (its own spec derives one): it needs `capacity_bytes`.
-        entry["capacity_bytes"] = 64 << 20
+    if kvtiers_tier:  # the entry as it is: its capacity derived from the free space
         extra["secondary_tiers"] = [{"type": TIER_TYPE, "tier": entry}]
     return extra
 

@@ -405,7 +405,8 @@ def test_namespace_is_vllm_run_identity(
                 "type": "kvtiers",
                 "tier": {"type": "fs", "root_dir": "ROOT", "capacity_bytes": "lots"},
             },
-            r"secondary_tiers\[0\]\.tier\.capacity_bytes: fs tier: 'lots'",
+            r"secondary_tiers\[0\]\.tier\.capacity_bytes: expected an integer >= 1, "
+            r'found "lots"',
         ),
         (
             {

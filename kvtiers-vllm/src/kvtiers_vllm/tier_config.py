@@ -17,6 +17,7 @@ raise) whose paths start at vLLM's config: `kv_connector_extra_config.secondary_
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ EXTRA = "kv_connector_extra_config"
 MEDIA = ("STORAGE", "CPU")
 LOCALITIES = ("LOCAL", "REMOTE")
 JOB_TIMEOUT_S = 30.0  # as kvtiers' manager's `job_timeout_s`
+
+log = logging.getLogger(__name__)
 
 
 class TierConfigError(ConfigError, ValueError):
@@ -124,11 +127,8 @@ def read_options(
     if problems:
         raise TierConfigError(problems)
     assert isinstance(tier, Mapping)
-    section = TierSection(
-        tier["type"], {k: v for k, v in tier.items() if k != "type"}, f"{path}.tier"
-    )
     return TierOptions(
-        section=section,
+        section=read_section(tier, path),
         path=path,
         index=index,
         medium=str(medium).upper(),
@@ -136,6 +136,36 @@ def read_options(
         enable_kv_events=bool(enable_kv_events),
         job_timeout_s=float(job_timeout_s) if isinstance(job_timeout_s, (int, float)) else 0.0,
     )
+
+
+def read_section(tier: Mapping[str, Any], path: str) -> TierSection:
+    """The entry's kvtiers tier section read as `kvtiers validate` reads it in a vLLM
+    config: checked against the tier's schema, and what vLLM's tier sections lack
+    derived from the machine (an fs tier's `capacity_bytes` from the free space, as
+    under `KvtiersOffloadingSpec`; the figure is logged). Problems are raised with
+    their paths under `path` (the entry)."""
+    from kvtiers import load_config  # the config layer: imported when a tier is built
+
+    from kvtiers_vllm.plugin import TIER_TYPE
+
+    wrapped = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 1 << 30,
+               "secondary_tiers": [{"type": TIER_TYPE, "tier": dict(tier)}]}
+    try:
+        cfg = load_config(wrapped)
+    except ConfigError as exc:
+        entry = "$.secondary_tiers[0]"
+        raise TierConfigError([
+            ConfigProblem(path + p.path.removeprefix(entry) if p.path.startswith(entry)
+                          else p.path, p.message)
+            for p in exc.problems]) from exc
+    (section,) = cfg.secondary_tiers
+    if section.type != tier["type"]:  # the entry form is not registered: as written
+        return TierSection(tier["type"], {k: v for k, v in tier.items() if k != "type"},
+                           f"{path}.tier")
+    for note in cfg.notes:
+        if ".tier." in note:
+            log.info("kvtiers tier %s: %s", path, note.split(": ", 1)[-1])
+    return TierSection(section.type, dict(section.options), f"{path}.tier")
 
 
 def _rebase(path: str, prefix: str) -> str:
