@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.installed-vllm
 SGLANG_STAMP := $(VENV)/.installed-sglang
+MOONCAKE_STAMP := $(VENV)/.installed-mooncake
 
-.PHONY: setup test bench plugins lint clean
+.PHONY: setup test bench plugins lint clean rdma-libs
 
 # Every local distribution (kvtiers-core, kvtiers-fs, ...) is installed editable, and
 # so are the example plugins whose tests live under tests/ (tests/redis).
@@ -62,11 +63,30 @@ $(SGLANG_STAMP): $(STAMP) requirements-sglang.txt
 	$(BIN)/pip install -q --no-deps -r requirements-sglang.txt
 	touch $(SGLANG_STAMP)
 
+# Mooncake for tests/mooncake (the wheel, with its few dependencies).
+$(MOONCAKE_STAMP): $(STAMP) requirements-mooncake.txt
+	$(BIN)/pip install -q -r requirements-mooncake.txt
+	touch $(MOONCAKE_STAMP)
+
+# Mooncake (kvtiers-mooncake) loads libibverbs.so.1 even over TCP: Debian's libibverbs1.
+# The test command installs it when missing and run as root with apt-get; otherwise a
+# note says what to run, and tests/mooncake are skipped with the reason.
+rdma-libs:
+	@if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	            --no-install-recommends libibverbs1 ibverbs-providers; \
+	    else \
+	        echo "note: libibverbs.so.1 is missing: run 'sudo apt-get install libibverbs1'" \
+	             "(kvtiers-mooncake needs it; tests/mooncake are skipped without it)" >&2; \
+	    fi; \
+	fi
+
 setup: $(STAMP)
 
 # The test command: lint (ruff, mypy strict), tests/vllm on vLLM 0.34, then the whole
 # suite (tests/vllm on vLLM 0.33 with it).
-test: setup $(VLLM_STAMP) $(VLLM_NEXT_STAMP) $(SGLANG_STAMP)
+test: setup rdma-libs $(VLLM_STAMP) $(VLLM_NEXT_STAMP) $(SGLANG_STAMP) $(MOONCAKE_STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy $(TYPED_PATHS)
 	PYTHONPATH=$(VLLM_NEXT) $(BIN)/python -m pytest -q tests/vllm
@@ -79,10 +99,11 @@ bench: setup
 # and on the example tiers docs/plugins.md shows (what authors copy must type-check).
 LINT_PATHS := $(dir $(DISTS)) tests bench examples
 TYPED_PATHS := $(addsuffix src,$(dir $(DISTS))) tests/vllm tests/p2p tests/sglang \
+	tests/mooncake \
 	examples/kvtiers-scratch/src examples/kvtiers-scratch/tests examples/kvtiers-sqlite/src \
 	examples/embedding examples/kvtiers-redis/src tests/redis
 
-lint: setup $(VLLM_STAMP) $(SGLANG_STAMP)
+lint: setup $(VLLM_STAMP) $(SGLANG_STAMP) $(MOONCAKE_STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy $(TYPED_PATHS)
 

@@ -78,7 +78,8 @@ class Target:
 
 def persistent_tiers(config: KvtiersConfig, only: str | None = None, *,
                      command: str, registry: Registry | None = None) -> list[Target]:
-    """The config's persistent tiers, in config order (only `only`, by name);
+    """The config's persistent tiers, and those whose store can be surveyed (a
+    shared store that outlives the engine), in config order (only `only`, by name);
     `NoPersistentTier` with a message saying what the config has otherwise, and
     `TierLacksMethods` naming the optional methods `command` needs (`NEEDS`) that a
     tier it would work on does not implement - before any work."""
@@ -87,7 +88,10 @@ def persistent_tiers(config: KvtiersConfig, only: str | None = None, *,
     listed: list[str] = []
     for name, section in zip(tier_names(config), config.secondary_tiers, strict=True):
         cls = reg.get_tier(section.type).record.load()
-        persistent = isinstance(cls, type) and issubclass(cls, SecondaryTier) and cls.persistent
+        # A tier over a shared store that outlives the engine (mooncake) keeps no index
+        # across restarts, yet its store can be surveyed: it counts here too.
+        persistent = isinstance(cls, type) and issubclass(cls, SecondaryTier) and (
+            cls.persistent or not missing_methods(cls, "inspect"))
         listed.append(f"{name} ({'persistent' if persistent else 'not persistent'})")
         if persistent:
             found.append(Target(name, section, cls))

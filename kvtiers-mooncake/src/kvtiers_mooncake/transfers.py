@@ -1,0 +1,294 @@
+"""`Transfers`: the load and store hooks of one `mooncake` tier (`JobHooks` for the
+core's `JobEngine`), one Mooncake batch call per unit of a job.
+
+Stores: the start hook reserves room in the index (evicting by policy: the
+evicted objects go to the `Housekeeper`, which removes them once their lease
+allows); a unit computes its blocks' checksums from the slots, writes each
+header into the slot's header area and puts every object with one
+`batch_put_from_multi_buffers`; the end hook makes what was put visible to
+`lookup`, in the job's order. A key whose old object is still being removed
+waits (`REJECTED` now; stored by a later cascade): Mooncake keeps an existing
+object on put, and the removal would take the new one.
+
+Loads: what `lookup` called a HIT was pinned at submit (if it is ours; a block
+another engine stored is found by the probe and loaded the same way). One
+`batch_get_into_multi_buffers` places each header in the slot's area and each
+block in its slot; the header must be this key's, of this namespace and size,
+and the block's checksum is taken from the slot. An object that is not
+provably ours (another program's, another model's) is a miss, left alone; ours
+and damaged (bad checksum, a broken header, cut short) fails `corrupt` and is
+removed once its lease allows; a missing one (the master evicted it, its segment
+went away, the master restarted) is a miss. Each leaves the index.
+
+Every call passes the tier's `Breaker`: a master that does not answer, or a
+transfer that fails, opens it, and units fail `io` at once until a call succeeds
+again, which starts a reconciliation of the index (`Housekeeper.reconcile`).
+
+Threads: the engine's I/O threads; nothing here runs on the scheduler thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvtiers.sdk import (
+    BoundedIndex,
+    ErrorCounts,
+    FailureReason,
+    Job,
+    JobHooks,
+    Outcome,
+    Pins,
+    Reservation,
+    StatsRecorder,
+    TierContext,
+    Verdict,
+    checksum,
+    checksum_slots,
+)
+
+from kvtiers_mooncake import record
+from kvtiers_mooncake.client import (
+    EXISTS,
+    NO_SPACE,
+    NOT_FOUND,
+    NOT_READY,
+    RPC_FAIL,
+    BreakerOpen,
+    StoreClient,
+    failure_of,
+)
+from kvtiers_mooncake.housekeeping import Housekeeper
+from kvtiers_mooncake.names import Names
+
+__all__ = ["Transfers", "slot_sums"]
+
+
+@dataclass(slots=True)
+class _Stored:
+    room: Reservation[None]
+    written: set[int] = field(default_factory=set)
+
+
+def slot_sums(ctx: TierContext, slots: Sequence[int],
+              errors: ErrorCounts) -> list[int | None]:
+    """The checksum of each slot's block; None for a slot the pool cannot give
+    (its key fails alone). One native call for the whole unit when it can."""
+    try:
+        return list(checksum_slots(ctx.pool, slots))
+    except (OSError, IndexError):
+        out: list[int | None] = []
+        for slot in slots:
+            try:
+                out.append(checksum(ctx.pool.block(slot)))
+            except (OSError, IndexError) as exc:
+                errors.record("slot", exc)
+                out.append(None)
+        return out
+
+
+class Transfers:
+    def __init__(self, ctx: TierContext, client: StoreClient, index: BoundedIndex[None],
+                 names: Names, stats: StatsRecorder, errors: ErrorCounts,
+                 house: Housekeeper, on_recovery: Callable[[], None]):
+        self.ctx = ctx
+        self.client = client
+        self.index = index
+        self.names = names
+        self.stats = stats
+        self.errors = errors
+        self.house = house
+        self.on_recovery = on_recovery
+        self.fingerprint = ctx.namespace.fingerprint
+        self.block_bytes = ctx.block_bytes
+        self.expected = record.Expected(self.fingerprint, ctx.block_bytes)
+        self.load = JobHooks(block=self._load_one, batch=self._load_many, end=self._end_load)
+        self.store = JobHooks(block=self._store_one, batch=self._store_many,
+                              start=self._reserve, end=self._end_store)
+
+    # The breaker's bookkeeping around one call.
+
+    def _outcome_of_call(self, codes: Sequence[int], failing: Callable[[int], bool]) -> None:
+        if any(failing(c) for c in codes):
+            self.client.breaker.failed()
+        elif self.client.breaker.succeeded():
+            self.on_recovery()
+
+    def _refused(self, job: Job, op: str, exc: BaseException) -> FailureReason:
+        if job.expired():
+            return FailureReason.TIMEOUT
+        if isinstance(exc, BreakerOpen):
+            return FailureReason.IO
+        self.client.breaker.failed()
+        self.errors.record(op, exc)
+        return FailureReason.IO
+
+    # Loads.
+
+    def _load_one(self, job: Job, i: int) -> Outcome:
+        return self._load_many(job, [i])[0]
+
+    def _load_many(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
+        keys, bb = job.keys, self.block_bytes
+        out: list[Outcome] = [FailureReason.MISSING] * len(indices)
+        # A name being removed (found damaged, evicted) is gone already.
+        todo = [(n, i) for n, i in enumerate(indices) if len(keys[i]) <= record.MAX_KEY_BYTES
+                and self.names.block(keys[i]) not in self.house]
+        if not todo:
+            return out
+        names = [self.names.block(keys[i]) for _, i in todo]
+        slots = [job.slots[i] for _, i in todo]
+        hlens = [record.header_bytes(len(keys[i])) for _, i in todo]
+        try:
+            codes = self.client.get(names, slots, hlens, bb)
+        except Exception as exc:  # noqa: BLE001 - the store's trouble is a miss
+            reason = self._refused(job, "load", exc)
+            for n, _ in todo:
+                out[n] = reason
+            return out
+        # Only the master's silence counts here: a failed transfer is judged below.
+        self._outcome_of_call(codes, lambda c: c == RPC_FAIL)
+        placed: list[tuple[int, int, str, int, int]] = []  # (n, i, name, slot, block sum)
+        view, expected = self.client.header_view, self.expected
+        for (n, i), name, slot, hlen, code in zip(todo, names, slots, hlens, codes,
+                                                  strict=True):
+            if code == hlen + bb:
+                header = view(slot, hlen)
+                block_sum = expected.block_sum(header, keys[i])
+                if block_sum is not None:
+                    placed.append((n, i, name, slot, block_sum))
+                    continue
+                bad = record.judge(header, self.fingerprint, keys[i], bb, code)
+                out[n] = self._bad(job, i, name, bad or record.Bad.BROKEN)
+            else:
+                out[n] = self._unread(job, i, name, code, hlen + bb)
+        if placed:
+            sums = slot_sums(self.ctx, [p[3] for p in placed], self.errors)
+            for (n, i, name, _, block_sum), found in zip(placed, sums, strict=True):
+                if found == block_sum:
+                    out[n] = None
+                elif found is None:
+                    out[n] = FailureReason.IO
+                else:
+                    out[n] = self._bad(job, i, name, record.Bad.BROKEN)
+        return out
+
+    def _bad(self, job: Job, i: int, name: str, bad: record.Bad) -> FailureReason:
+        """An object at our name that is not the block: ours and damaged is removed
+        (a `corrupt`); anyone else's is left alone (a miss). Either leaves the index."""
+        key = job.keys[i]
+        if bad is record.Bad.BROKEN:
+            held = self.index.size_of(key) is not None  # ours, counted in usage
+            self.index.remove(key)
+            self.house.remove([name], self.block_bytes if held else 0, damaged=True)
+            return FailureReason.CORRUPT
+        self.errors.note("load", bad.value, f"an object at a block's name is {bad.value}: "
+                                            "a miss, left alone")
+        self.index.remove(key)
+        return FailureReason.MISSING
+
+    def _unread(self, job: Job, i: int, name: str, code: int, expected: int) -> FailureReason:
+        """A get that did not return the object whole: gone, of another size (whose
+        is it?), or the store's trouble."""
+        if code == NOT_FOUND:
+            self.index.remove(job.keys[i])
+            return FailureReason.MISSING
+        if code == NOT_READY:  # another engine's put of it is under way
+            return FailureReason.MISSING
+        if code == RPC_FAIL:
+            self.errors.note("load", failure_of(code), f"load: {failure_of(code)}")
+            return FailureReason.TIMEOUT if job.expired() else FailureReason.IO
+        try:
+            size = self.client.size(name)
+            if size == NOT_FOUND:
+                self.index.remove(job.keys[i])
+                return FailureReason.MISSING
+            if size == expected or size < 0:  # the bytes did not move: a segment is away
+                self.client.breaker.failed()
+                self.errors.note("load", failure_of(code), f"load: {failure_of(code)}")
+                return FailureReason.IO
+            head = self.client.read(name, size) if size <= 4 * expected else b""
+        except Exception as exc:  # noqa: BLE001
+            return self._refused(job, "load", exc)
+        bad = record.judge(head[:record.AREA_BYTES], self.fingerprint, job.keys[i],
+                           self.block_bytes, size)
+        return self._bad(job, i, name, bad or record.Bad.BROKEN)
+
+    def _end_load(self, job: Job) -> None:
+        pins: Pins[None] | None = job.state
+        if pins is not None:
+            pins.release()
+        self.index.touch([k for i, k in enumerate(job.keys) if job.succeeded(i)])
+
+    # Stores.
+
+    def _reserve(self, job: Job) -> list[int]:
+        room = self.index.reserve([(k, self.block_bytes) for k in job.keys])
+        job.state = _Stored(room)
+        if room.evicted:
+            self.stats.evicted(len(room.evicted))
+            self.house.remove_now([self.names.block(k) for k, _ in room.evicted],
+                                  self.block_bytes)
+        todo = []
+        for i, verdict in enumerate(room.verdicts):
+            key = job.keys[i]
+            if verdict is Verdict.PRESENT:
+                job.succeed(i)
+            elif verdict is not Verdict.RESERVED:  # only pinned entries or the job's own
+                job.fail(i, FailureReason.FULL)
+            elif len(key) > record.MAX_KEY_BYTES:
+                self.errors.note("store", "key", f"a key of {len(key)} bytes is longer "
+                                 f"than {record.MAX_KEY_BYTES}: not stored")
+                job.fail(i, FailureReason.REJECTED)
+            elif self.names.block(key) in self.house:
+                job.fail(i, FailureReason.REJECTED)  # its old object is being removed
+            else:
+                todo.append(i)
+        return todo
+
+    def _store_one(self, job: Job, i: int) -> Outcome:
+        return self._store_many(job, [i])[0]
+
+    def _store_many(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
+        plan: _Stored = job.state
+        keys, bb = job.keys, self.block_bytes
+        out: list[Outcome] = [FailureReason.IO] * len(indices)
+        slots = [job.slots[i] for i in indices]
+        sums = slot_sums(self.ctx, slots, self.errors)
+        todo: list[tuple[int, int, int, int]] = []  # (n, i, slot, header length)
+        for n, (i, slot, found) in enumerate(zip(indices, slots, sums, strict=True)):
+            if found is None:
+                continue
+            head = record.pack_header(self.fingerprint, keys[i], bb, found)
+            self.client.header_view(slot, len(head))[:] = head
+            todo.append((n, i, slot, len(head)))
+        if not todo:
+            return out
+        try:
+            codes = self.client.put([self.names.block(keys[i]) for _, i, _, _ in todo],
+                                    [t[2] for t in todo], [t[3] for t in todo], bb)
+        except Exception as exc:  # noqa: BLE001 - the store's trouble is a failed copy
+            reason = self._refused(job, "store", exc)
+            return [reason] * len(indices)
+        self._outcome_of_call(codes, lambda c: c not in (0, EXISTS, NO_SPACE) and c < 0)
+        for (n, i, _, _), code in zip(todo, codes, strict=True):
+            if code in (0, EXISTS):
+                plan.written.add(i)
+                out[n] = None
+            elif code == NO_SPACE:
+                out[n] = FailureReason.FULL
+            else:
+                self.errors.note("store", failure_of(code), f"store: {failure_of(code)}")
+                out[n] = FailureReason.TIMEOUT if job.expired() else FailureReason.IO
+        return out
+
+    def _end_store(self, job: Job) -> None:
+        """What was put becomes visible to lookup (only now: a HIT is always readable)."""
+        plan: _Stored | None = job.state
+        if plan is None:  # never started: timeout or closed
+            return
+        with plan.room as room:
+            for i in sorted(plan.written):
+                if job.succeeded(i):
+                    room.commit(job.keys[i], None)

@@ -1,0 +1,67 @@
+"""The master killed (-9) mid-run and started again on the same ports: jobs and
+lookups become misses (never a hang, never an exception), the tier's breaker
+opens; once the master is back, stores and loads work again and the blocks the
+dead master forgot leave the index, so usage is true again."""
+
+from __future__ import annotations
+
+from kvtiers import FailureReason, LookupResult
+from kvtiers.contract.clock import monotonic
+from kvtiers.testing import (
+    JobTracker,
+    check_blocks,
+    fill_slots,
+    poison_slots,
+    random_keys,
+    resolve_lookup,
+    wait_until,
+)
+
+from tests.mooncake.helpers import Tiers, context
+from tests.mooncake.master import Master
+
+FAILED = {FailureReason.IO, FailureReason.TIMEOUT, FailureReason.MISSING}
+
+
+def test_master_killed_and_restarted(master: Master, tiers: Tiers) -> None:
+    ctx = context()
+    tier = tiers.open(ctx, capacity_blocks=32, retry_s=0.3)
+    bb = ctx.block_bytes
+    jobs = JobTracker(tier, 60)
+    before = random_keys(8)
+    data: dict[bytes, bytes] = {}
+    for key, block in zip(before, fill_slots(ctx.pool, range(8)), strict=True):
+        data[key] = block
+    assert jobs.run_store(before, range(8)).success
+    assert tier.stats().usage_bytes == 8 * bb
+
+    master.kill()
+    poison_slots(ctx.pool, range(16, 24))
+    for _ in range(2):  # the first finds the master gone; the second, the breaker open
+        result = jobs.run_load(before, range(16, 24), deadline=monotonic() + 10)
+        assert not result.ok and set(result.failed.values()) <= FAILED, result.failed
+    assert tier.breaker.opened >= 1
+    stranger = random_keys(1)[0]
+    assert resolve_lookup(tier, stranger, 30) is LookupResult.MISS  # the probe fails: a miss
+    later = random_keys(4)
+    for key, block in zip(later, fill_slots(ctx.pool, range(8, 12)), strict=True):
+        data[key] = block
+    result = jobs.run_store(later, range(8, 12), deadline=monotonic() + 10)
+    assert not result.ok and set(result.failed.values()) <= FAILED | {FailureReason.FULL}
+
+    master.start()  # empty: a master keeps nothing across a restart
+
+    def stored_again() -> bool:
+        return jobs.run_store(later, range(8, 12)).success
+
+    wait_until(stored_again, "a store once the master is back", 60)
+    assert tier.breaker.recovered >= 1
+    # The reconciliation drops what the new master does not hold.
+    wait_until(lambda: tier.stats().usage_bytes == 4 * bb, "usage back to the truth", 30)
+    assert set(tiers.stored(tier)) == set(later)
+    poison_slots(ctx.pool, range(16, 20))
+    assert jobs.run_load(later, range(16, 20)).success
+    check_blocks(ctx.pool, [(16 + i, data[k]) for i, k in enumerate(later)])
+    result = jobs.run_load(before[:2], [20, 21])
+    assert set(result.failed.values()) == {FailureReason.MISSING}, result
+    assert resolve_lookup(tier, before[0], 30) is LookupResult.MISS
