@@ -14,7 +14,7 @@ import pytest
 import torch
 from kvtiers.bench.engine import PageAllocator
 from kvtiers.bench.hf.decoder import HfDecoder
-from kvtiers.bench.hf.limits import disk_read, pinned_copy_s
+from kvtiers.bench.hf.limits import DiskProbe, disk_read, median_gbps, pinned_copy_s
 from kvtiers.bench.hf.multiturn import Workload, run_multiturn
 from kvtiers.bench.hf.offload import Offload
 from kvtiers.bench.hf.paged import PagedKV
@@ -70,27 +70,64 @@ def test_reloaded_pages_hold_the_stored_bytes(decoder: HfDecoder, ram_dir: Path,
         off.close()
 
 
+def test_find_load_swaps_in_leading_blocks_while_the_rest_is_promoted(
+        decoder: HfDecoder, ram_dir: Path) -> None:
+    """The first blocks are in the pool, the rest only on fs: the first are swapped
+    in before the promotions of the rest land; every page ends with the stored bytes."""
+    cache = PagedKV(TINY, 32, "cross", CPU)
+    off = Offload(_config(ram_dir, 16), TINY, cache)
+    try:
+        tokens = np.random.default_rng(5).integers(0, TINY.vocab, 6 * T).tolist()
+        first, other = np.arange(0, 6), np.arange(10, 16)
+        decoder.forward(cache, [tokens], [0], [torch.from_numpy(first)])
+        before = [cache.plane(layer, kv)[first].clone()
+                  for layer in range(TINY.layers) for kv in (0, 1)]
+        keys = off.keys(tokens)
+        assert off.store(keys, first)
+        off.drain_cascades()
+        off.mgr.reset()
+        head = off.find_load(keys[:3], np.arange(20, 23))  # promoted: now in the pool
+        assert head.hits == 3 and head.promoted == 3 and head.early == 0
+        cache.scramble(torch.from_numpy(other), seed=2)
+        got = off.find_load(keys, other)
+        assert got.hits == 6 and got.promoted == 3  # the rest came from fs
+        assert got.early == 3  # swapped in while those three were promoted
+        after = [cache.plane(layer, kv)[other] for layer in range(TINY.layers) for kv in (0, 1)]
+        assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+        assert off.pending() == 0
+    finally:
+        off.close()
+
+
 @pytest.mark.parametrize("layout", ["layer", "cross"])
 def test_ttft_cases_reload_bit_identical(decoder: HfDecoder, ram_dir: Path,
                                          layout: str) -> None:
     with deterministic(threads=1):
-        run = TtftRun(decoder, TINY, layout, 2 * 256 // T + 8, _config(ram_dir, 24), reps=1,
-                      seed=0)
+        probe = DiskProbe(str(ram_dir), 8 << 20)
+        run = TtftRun(decoder, TINY, layout, 2 * 256 // T + 8, _config(ram_dir, 24), reps=2,
+                      seed=0, probe=probe)
         try:
             case = run.measure(256, 32, control=True)
         finally:
             run.close()
+            probe.close()
     cached_blocks = (256 - 32) // T
     assert case.identical_pool and case.identical_fs and case.identical_partial
     assert case.control_differs  # scrambled and not reloaded: the logits change
-    (pool,) = case.pool_hits
-    assert pool.hit_blocks == cached_blocks and pool.promoted_blocks == 0
-    assert case.fs_hit is not None
-    assert case.fs_hit.hit_blocks == case.fs_hit.promoted_blocks == cached_blocks
+    assert len(case.pool_hits) == 2 and len(case.fs_hits) == 2
+    for pool in case.pool_hits:
+        assert pool.hit_blocks == cached_blocks and pool.promoted_blocks == 0
+    for fs in case.fs_hits:  # each one promoted every block again
+        assert fs.hit_blocks == fs.promoted_blocks == cached_blocks
+    assert case.fs_hit in case.fs_hits
+    # one disk read before each fs hit: of the same bytes, at least one 2 MiB request
+    assert cached_blocks * SLOT < 2 << 20
+    assert [r.nbytes for r in case.disk_reads] == [2 << 20] * 2
+    assert case.disk_gbps(None) == median_gbps(case.disk_reads)
     assert case.partial is not None and case.partial.hit_blocks == cached_blocks // 2
     assert case.kv_bytes == cached_blocks * SLOT
     assert 0 <= case.max_abs_vs_recompute < 1e-3  # float32: chunking moves only rounding
-    assert len(case.recompute_s) == 1 and case.copy_s > 0
+    assert len(case.recompute_s) == 2 and case.copy_s > 0
 
 
 def test_sizes_off_the_page_grid_are_refused(decoder: HfDecoder, ram_dir: Path) -> None:
@@ -124,6 +161,12 @@ def test_limits(tmp_path: Path) -> None:
     read = disk_read(str(tmp_path), 4 << 20)
     assert read.nbytes == 4 << 20 and read.gbps > 0
     assert list(tmp_path.iterdir()) == []  # the probe file is gone
+    probe = DiskProbe(str(tmp_path), 6 << 20)
+    try:  # a part of it, rounded down to 2 MiB; never more than it holds
+        assert [probe.read(n).nbytes for n in (5 << 20, 64 << 20)] == [4 << 20, 6 << 20]
+    finally:
+        probe.close()
+    assert list(tmp_path.iterdir()) == []
     src = torch.randint(0, 255, (8, 4096), dtype=torch.uint8)
     assert pinned_copy_s(src, 8 * 4096, 4, CPU, reps=2) > 0
 

@@ -4,8 +4,11 @@
   CPU pool's own (pinned) memory into one device buffer, split into one copy per
   layer as an engine's per-layer tensors would be (and where the pool's CUDA
   registrations meet: one copy may not span two; they are 1 GiB by default);
-- `disk_read`: `dd` reading a file of the fs tier's filesystem with O_DIRECT in
-  2 MiB requests (Python's O_DIRECT read where `dd` is missing or refuses).
+- `disk_read` / `DiskProbe`: `dd` reading a file of the fs tier's filesystem with
+  O_DIRECT in 2 MiB requests (Python's O_DIRECT read where `dd` is missing or
+  refuses); a `DiskProbe` keeps its file, so that reads of the same number of bytes
+  as an fs hit can be taken right before each one (a disk whose speed drifts - a
+  host-cached virtual disk - is then compared with itself at the same moment).
 """
 
 from __future__ import annotations
@@ -76,32 +79,59 @@ class DiskRead:
                 "GB/s": self.gbps}
 
 
-def disk_read(directory: str, nbytes: int) -> DiskRead:
-    """Write a file of `nbytes` (random bytes, synced) under `directory`, read it
-    once with O_DIRECT, remove it."""
-    nbytes = max(CHUNK, nbytes // CHUNK * CHUNK)
-    path = os.path.join(directory, "kvtiers-disk-read-probe")
-    block = os.urandom(64 << 20)
-    try:
-        with open(path, "wb") as f:
-            left = nbytes
-            while left:
-                n = min(left, len(block))
-                f.write(block[:n])
-                left -= n
-            f.flush()
-            os.fsync(f.fileno())
+def median_gbps(reads: list[DiskRead]) -> float:
+    return statistics.median(r.gbps for r in reads)
+
+
+class DiskProbe:
+    """A file of `nbytes` (random bytes, synced) under `directory`, read with
+    O_DIRECT on demand; `close` removes it. One thread."""
+
+    def __init__(self, directory: str, nbytes: int):
+        self.nbytes = max(CHUNK, nbytes // CHUNK * CHUNK)
+        self.path = os.path.join(directory, "kvtiers-disk-read-probe")
+        block = os.urandom(64 << 20)
+        try:
+            with open(self.path, "wb") as f:
+                left = self.nbytes
+                while left:
+                    n = min(left, len(block))
+                    f.write(block[:n])
+                    left -= n
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            self.close()
+            raise
+
+    def read(self, nbytes: int | None = None) -> DiskRead:
+        """One O_DIRECT read of the file's first `nbytes` (all of it by default;
+        never more than it holds), in 2 MiB requests."""
+        n = self.nbytes if nbytes is None else max(CHUNK, min(nbytes, self.nbytes)
+                                                  // CHUNK * CHUNK)
         dd = shutil.which("dd")
         if dd is not None:
             t0 = time.perf_counter()
-            rc = subprocess.run([dd, f"if={path}", "of=/dev/null", "bs=2M", "iflag=direct",
-                                 f"count={nbytes // CHUNK}"], capture_output=True).returncode
+            rc = subprocess.run([dd, f"if={self.path}", "of=/dev/null", "bs=2M",
+                                 "iflag=direct", f"count={n // CHUNK}"],
+                                capture_output=True).returncode
             if rc == 0:
-                return DiskRead("dd", nbytes, time.perf_counter() - t0)
-        return DiskRead("python", nbytes, _python_direct_read(path, nbytes))
+                return DiskRead("dd", n, time.perf_counter() - t0)
+        return DiskRead("python", n, _python_direct_read(self.path, n))
+
+    def close(self) -> None:
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+def disk_read(directory: str, nbytes: int) -> DiskRead:
+    """Write a file of `nbytes` (random bytes, synced) under `directory`, read it
+    once with O_DIRECT, remove it."""
+    probe = DiskProbe(directory, nbytes)
+    try:
+        return probe.read()
     finally:
-        if os.path.exists(path):
-            os.unlink(path)
+        probe.close()
 
 
 def _python_direct_read(path: str, nbytes: int) -> float:
@@ -114,8 +144,12 @@ def _python_direct_read(path: str, nbytes: int) -> float:
     buf = mmap.mmap(-1, CHUNK)
     try:
         t0 = time.perf_counter()
-        while os.readv(fd, [buf]) > 0:
-            pass
+        left = nbytes
+        while left > 0:
+            got = os.readv(fd, [buf])
+            if got <= 0:
+                break
+            left -= got
         return time.perf_counter() - t0
     finally:
         os.close(fd)

@@ -45,6 +45,16 @@ class Found:
     promoted: int  # blocks that came from a secondary tier
 
 
+@dataclass
+class Loaded(Found):
+    """What `find_load` found and loaded: `swap_in_s` is the load time left after
+    the last block was found; `early` blocks were swapped in while others were
+    still being promoted (their copies hidden behind the promotion)."""
+
+    swap_in_s: float = 0.0
+    early: int = 0
+
+
 class Offload:
     def __init__(self, config: dict[str, Any], preset: HfPreset, cache: PagedKV,
                  seed: int = 0, pin: Any = "auto"):
@@ -132,14 +142,55 @@ class Offload:
         t2 = time.perf_counter()
         return Found(found.hits, t1 - t0, t2 - t1, self.promoted_blocks() - promoted0)
 
+    def find_load(self, keys: list[bytes], pages: np.ndarray) -> Loaded:
+        """`find` and `load` overlapped: leading blocks are swapped into `pages` as
+        soon as they are readable (from the pool at once, from a secondary tier as
+        its promotions land), while the rest is still promoted. Returns when every
+        block found is in `pages`."""
+        promoted0 = self.promoted_blocks()
+        failed: list[bytes] = []
+        jobs: list[int] = []
+        loaded = 0
+
+        def submit(upto: int) -> None:
+            nonlocal loaded
+            if upto > loaded:
+                jobs.append(self._submit_load(keys[loaded:upto], pages[loaded:upto], failed))
+                loaded = upto
+
+        t0 = time.perf_counter()
+        found = self.mgr.lookup_prefix(keys)
+        t1 = time.perf_counter()
+        deadline = time.monotonic() + WAIT_S
+        while found.retry and time.monotonic() < deadline:
+            submit(found.hits)
+            time.sleep(1e-3)  # as `find`: the tier's I/O threads need the interpreter
+            self.poll()
+            found = self.mgr.lookup_prefix(keys)
+        t2 = time.perf_counter()
+        early = loaded
+        submit(found.hits)
+        if not self.swap.wait(jobs, timeout=WAIT_S):
+            raise OffloadError("a load job did not finish")
+        self.poll()
+        if failed:
+            raise OffloadError(f"{len(failed)} of {found.hits} blocks failed to load")
+        return Loaded(found.hits, t1 - t0, t2 - t1, self.promoted_blocks() - promoted0,
+                      time.perf_counter() - t2, early)
+
+    def _submit_load(self, keys: list[bytes], pages: np.ndarray, failed: list[bytes]) -> int:
+        """Pin `keys` (readable now) and start their copy into `pages`; the job id."""
+        slots = self.mgr.prepare_load(keys)
+        self.mgr.touch(keys)
+        job = self._job("load", keys, lambda r: failed.extend(r.failed))
+        self.swap.submit_load(job, np.asarray(slots, np.int64), pages, keys=keys)
+        return job
+
     def load(self, keys: list[bytes], pages: np.ndarray) -> None:
         """Copy the blocks of `keys` (all readable now) into `pages`; returns when
         they are there."""
-        slots = self.mgr.prepare_load(keys)
-        self.mgr.touch(keys)
         failed: list[bytes] = []
-        job = self._job("load", keys, lambda r: failed.extend(r.failed))
-        self.swap.submit_load(job, np.asarray(slots, np.int64), pages, keys=keys)
+        job = self._submit_load(keys, pages, failed)
         if not self.swap.wait([job], timeout=WAIT_S):
             raise OffloadError("a load job did not finish")
         self.poll()

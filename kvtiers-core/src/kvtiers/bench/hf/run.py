@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from kvtiers.bench.defaults import default_root
     from kvtiers.bench.hf import multiturn, ttft
     from kvtiers.bench.hf.decoder import HfDecoder
-    from kvtiers.bench.hf.limits import disk_read
+    from kvtiers.bench.hf.limits import DiskProbe
     from kvtiers.bench.model_check import deterministic
     from kvtiers.bench.report import machine_info
     from kvtiers.bench.stack import pick_device
@@ -149,8 +149,9 @@ def run(args: argparse.Namespace) -> int:
     with ctx, default_root(args.tmp_dir, ttft_fs + mt_fs) as root:
         decoder = HfDecoder(preset, device, seed=args.seed)
         if sizes:
-            disk = disk_read(root, min(max(sizes) * block // t, 4 << 30)) if "fs" in \
+            probe = DiskProbe(root, min(max(sizes) * block // t, 4 << 30)) if "fs" in \
                 _tiers() else None
+            disk = probe.read() if probe is not None else None
             cases = []
             for layout in layouts:
                 fs_root = os.path.join(root, f"ttft-{layout}")  # removed after the layout
@@ -159,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
                        "secondary_tiers": [{"type": "fs", "root_dir": fs_root,
                                             "capacity_bytes": ttft_fs, "shared": False}]}
                 pages = 2 * (max(sizes) // t) + args.rest_tokens // t + 8
-                tr = ttft.TtftRun(decoder, preset, layout, pages, cfg, args.reps, args.seed)
+                tr = ttft.TtftRun(decoder, preset, layout, pages, cfg, args.reps, args.seed,
+                                  probe)
                 try:
                     for i, n in enumerate(sizes):
                         case = tr.measure(n, args.rest_tokens, control=i == 0)
@@ -169,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
                     tr.close()
                     _free(device)
                     shutil.rmtree(fs_root, ignore_errors=True)
+            if probe is not None:
+                probe.close()
             ok &= all(c.identical_pool and c.identical_fs is not False
                       and c.identical_partial is not False and c.control_differs is not False
                       for c in cases)
@@ -247,9 +251,12 @@ def _print_ttft(cases: list[Any], disk: Any) -> None:
           "the same bytes + prefill of the rest, measured in this run")
     if disk is not None:
         print(f"disk: {disk.tool} O_DIRECT 2 MiB read of {disk.nbytes / 1e9:.2f} GB at "
-              f"{disk.gbps:.2f} GB/s")
+              f"{disk.gbps:.2f} GB/s at the start; per row, 'disk GB/s' is the median of "
+              f"the same reads of the row's KV bytes (at most {disk.nbytes / 1e9:.2f} GB), "
+              "one right before each fs hit; fs hit: median of those hits")
     head: tuple[str, ...] = ("layout", "tokens", "KV GB", "recompute", "pool hit", "gain", "limit",
-            "limit gain", "share", "fs hit", "fs/disk limit", "fs GB/s", "partial (gain)")
+            "limit gain", "share", "fs hit", "fs/disk limit", "fs GB/s", "disk GB/s",
+            "partial (gain)")
     rows: list[tuple[str, ...]] = []
     for c in cases:
         s = c.summary(disk)
@@ -259,21 +266,24 @@ def _print_ttft(cases: list[Any], disk: Any) -> None:
                      f"{100 * s['share_of_limit_gain']:.0f} %", _ms(s.get("fs_hit_s")),
                      f"{s['fs_over_disk_limit']:.2f}x" if s.get("fs_over_disk_limit") else "-",
                      f"{s['fs_read_GBps']:.2f}" if s.get("fs_read_GBps") else "-",
+                     f"{s['disk_GBps']:.2f}" if s.get("disk_GBps") else "-",
                      f"{_ms(s.get('partial_hit_s'))} ({s.get('partial_gain', 0):.1f}x)"))
     _table(head, rows)
-    print("\nwhere a hit's time goes (ms; pool hit: median run; fs hit: its one run)")
-    head = ("layout", "tokens", "hit", "hash", "lookup", "promotion", "swap-in", "swap GB/s",
-            "prefill rest", "total")
+    print("\nwhere a hit's time goes (ms; the median run; fs: blocks are swapped in as their "
+          "promotions land - 'swap-in' is what is left after the last one, 'early' the "
+          "blocks already swapped in by then, 'swap GB/s' the rate of the rest)")
+    head = ("layout", "tokens", "hit", "hash", "lookup", "promotion", "early", "swap-in",
+            "swap GB/s", "prefill rest", "total")
     rows = []
     for c in cases:
         pool = sorted(c.pool_hits, key=lambda b: b.total_s)[len(c.pool_hits) // 2]
         for name, b in (("pool", pool), ("fs", c.fs_hit), ("partial", c.partial)):
             if b is None:
                 continue
+            late = (b.hit_blocks - b.early_blocks) * c.block_bytes  # swapped in after
             rows.append((c.layout, f"{c.tokens:,}", name, _ms(b.hash_s), _ms(b.lookup_s),
-                         _ms(b.promote_s), _ms(b.swap_in_s),
-                         f"{b.hit_blocks * c.block_bytes / b.swap_in_s / 1e9:.1f}"
-                         if b.swap_in_s else "-",
+                         _ms(b.promote_s), f"{b.early_blocks:,}", _ms(b.swap_in_s),
+                         f"{late / b.swap_in_s / 1e9:.1f}" if b.swap_in_s and late else "-",
                          _ms(b.prefill_s), _ms(b.total_s)))
     _table(head, rows)
     print("bit-identical to resident: " + ", ".join(

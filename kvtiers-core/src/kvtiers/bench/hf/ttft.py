@@ -11,13 +11,15 @@ For each prompt of N tokens (its last `rest` tokens are the new turn):
    keys are looked up, the hits loaded into those pages through the swapper, and the
    rest prefilled; its logits must equal (`torch.equal`) the resident ones;
 5. **fs hit**: the same after the pool was emptied (`manager.reset()`): the blocks
-   are promoted from fs first;
+   are promoted from fs, each swapped in as soon as it landed in the pool; `reps`
+   times, each right after a `dd` O_DIRECT read of the same number of bytes from
+   the same filesystem (the disk limit of that hit: the median of those reads);
 6. **partial hit**: a prompt sharing only the first half of the cached tokens.
 
 Every timing is host wall time around device work, synchronised (TTFT = until the
 first token's id is known). The copy limit of the same run: pinned copy of the same
 bytes + the resident prefill of the rest; the disk limit: those bytes at the disk's
-`dd` read speed + the same prefill.
+`dd` read speed (median of the reads taken between the fs hits) + the same prefill.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 
 from kvtiers.bench.engine import PageAllocator
 from kvtiers.bench.hf.decoder import HfDecoder
-from kvtiers.bench.hf.limits import DiskRead, pinned_copy_s, sync
+from kvtiers.bench.hf.limits import DiskProbe, DiskRead, median_gbps, pinned_copy_s, sync
 from kvtiers.bench.hf.offload import Offload, OffloadError
 from kvtiers.bench.hf.paged import LAYOUTS, PagedKV
 from kvtiers.bench.hf.presets import HfPreset
@@ -50,12 +52,13 @@ class Breakdown:
 
     hash_s: float = 0.0
     lookup_s: float = 0.0
-    promote_s: float = 0.0
-    swap_in_s: float = 0.0
+    promote_s: float = 0.0  # until the last block was readable in the pool
+    swap_in_s: float = 0.0  # from then until every block was on the device
     prefill_s: float = 0.0
     total_s: float = 0.0
     hit_blocks: int = 0
     promoted_blocks: int = 0
+    early_blocks: int = 0  # swapped in while later blocks were still being promoted
 
 
 @dataclass
@@ -68,7 +71,8 @@ class TtftCase:
     recompute_s: list[float] = field(default_factory=list)
     resident_rest_s: list[float] = field(default_factory=list)
     pool_hits: list[Breakdown] = field(default_factory=list)
-    fs_hit: Breakdown | None = None
+    fs_hits: list[Breakdown] = field(default_factory=list)
+    disk_reads: list[DiskRead] = field(default_factory=list)  # one before each fs hit
     partial: Breakdown | None = None
     partial_tokens: int = 0
     copy_s: float = 0.0
@@ -94,11 +98,26 @@ class TtftCase:
         return statistics.median(b.total_s for b in self.pool_hits)
 
     @property
+    def fs_hit(self) -> Breakdown | None:
+        """The fs hit of median TTFT (None without fs)."""
+        if not self.fs_hits:
+            return None
+        return sorted(self.fs_hits, key=lambda b: b.total_s)[len(self.fs_hits) // 2]
+
+    @property
     def copy_limit(self) -> float:
         return self.copy_s + self.rest
 
+    def disk_gbps(self, disk: DiskRead | None) -> float | None:
+        """The disk's read speed for this case: the median of the reads taken
+        between its fs hits, else `disk` (one read of the run)."""
+        if self.disk_reads:
+            return median_gbps(self.disk_reads)
+        return None if disk is None else disk.gbps
+
     def disk_limit(self, disk: DiskRead | None) -> float | None:
-        return None if disk is None else self.kv_bytes / (disk.gbps * 1e9) + self.rest
+        gbps = self.disk_gbps(disk)
+        return None if gbps is None else self.kv_bytes / (gbps * 1e9) + self.rest
 
     def summary(self, disk: DiskRead | None) -> dict[str, Any]:
         gain, limit_gain = self.recompute / self.pool_hit, self.recompute / self.copy_limit
@@ -111,13 +130,17 @@ class TtftCase:
             "swap_in_GBps": self.kv_bytes / statistics.median(
                 b.swap_in_s for b in self.pool_hits) / 1e9,
         }
-        if self.fs_hit is not None:
+        fs = self.fs_hit
+        if fs is not None:
             limit = self.disk_limit(disk)
-            out.update(fs_hit_s=self.fs_hit.total_s, fs_gain=self.recompute / self.fs_hit.total_s,
-                       fs_read_GBps=self.kv_bytes / self.fs_hit.promote_s / 1e9
-                       if self.fs_hit.promote_s else None,
+            promote = statistics.median(b.promote_s for b in self.fs_hits)
+            out.update(fs_hit_s=fs.total_s, fs_hit_reps=len(self.fs_hits),
+                       fs_gain=self.recompute / fs.total_s,
+                       fs_read_GBps=self.kv_bytes / promote / 1e9 if promote else None,
+                       disk_GBps=self.disk_gbps(disk),
+                       disk_reads_GBps=[r.gbps for r in self.disk_reads],
                        fs_disk_limit_s=limit,
-                       fs_over_disk_limit=self.fs_hit.total_s / limit if limit else None)
+                       fs_over_disk_limit=fs.total_s / limit if limit else None)
         if self.partial is not None:
             out.update(partial_hit_s=self.partial.total_s,
                        partial_gain=self.recompute / self.partial.total_s)
@@ -125,6 +148,8 @@ class TtftCase:
 
     def as_dict(self, disk: DiskRead | None) -> dict[str, Any]:
         d = asdict(self)
+        fs = self.fs_hit
+        d["fs_hit"] = None if fs is None else asdict(fs)  # the median one
         d["summary"] = self.summary(disk)
         return d
 
@@ -141,8 +166,10 @@ class TtftRun:
     """The measurements of one KV layout (one paged cache, one kvtiers stack)."""
 
     def __init__(self, decoder: HfDecoder, preset: HfPreset, layout: str, num_pages: int,
-                 config: dict[str, Any], reps: int, seed: int):
+                 config: dict[str, Any], reps: int, seed: int, probe: DiskProbe | None = None):
+        """`probe`: read before each fs hit (the disk limit); none: no disk reads."""
         self.dec, self.p, self.reps, self.seed = decoder, preset, reps, seed
+        self.probe = probe
         self.device = decoder.device
         self.cache = PagedKV(preset, num_pages, layout, self.device)
         self.pages = PageAllocator(num_pages)
@@ -171,23 +198,23 @@ class TtftRun:
 
     def _reload(self, tokens: list[int], cached: int, pages: np.ndarray, rest_pages: np.ndarray
                 ) -> tuple[Breakdown, torch.Tensor]:
-        """The hit path: hash, look up (waiting for promotions), load, prefill the rest."""
+        """The hit path: hash, look up (blocks swapped in as they become readable,
+        promoted ones as they land), prefill the rest."""
         t = self.p.page_tokens
         b = Breakdown()
         sync(self.device)
         t0 = time.perf_counter()
         keys = self.off.keys(tokens)
         b.hash_s = time.perf_counter() - t0
-        found = self.off.find(keys)
-        b.lookup_s, b.promote_s = found.lookup_s, found.promote_s
-        b.hit_blocks, b.promoted_blocks = found.hits, found.promoted
-        if found.hits * t != cached:
-            raise OffloadError(f"{found.hits * t} of {cached} cached tokens were found")
         t1 = time.perf_counter()
-        self.off.load(keys[: found.hits], pages)
+        got = self.off.find_load(keys, pages)
         sync(self.device)
         t2 = time.perf_counter()
-        b.swap_in_s = t2 - t1
+        b.lookup_s, b.promote_s = got.lookup_s, got.promote_s
+        b.hit_blocks, b.promoted_blocks, b.early_blocks = got.hits, got.promoted, got.early
+        b.swap_in_s = t2 - t1 - got.lookup_s - got.promote_s
+        if got.hits * t != cached:
+            raise OffloadError(f"{got.hits * t} of {cached} cached tokens were found")
         logits = self._first_token(tokens[cached:], cached, self._table(pages, rest_pages))
         sync(self.device)
         t3 = time.perf_counter()
@@ -245,10 +272,15 @@ class TtftRun:
             logits = self._first_token(tokens[cached:], cached, self._table(other, rest_pages))
             case.control_differs = not bool(torch.equal(logits, ref))
         if self.has_fs:
-            self.off.mgr.reset()  # the pool forgets them: fs serves them
-            self.cache.scramble(other_t, seed=7)
-            case.fs_hit, logits = self._reload(tokens, cached, other, rest_pages)
-            case.identical_fs = bool(torch.equal(logits, ref))
+            case.identical_fs = True
+            for i in range(reps):
+                if self.probe is not None:  # the disk, just before, the same bytes
+                    case.disk_reads.append(self.probe.read(case.kv_bytes))
+                self.off.mgr.reset()  # the pool forgets them: fs serves them
+                self.cache.scramble(other_t, seed=7 + i)
+                b, logits = self._reload(tokens, cached, other, rest_pages)
+                case.fs_hits.append(b)
+                case.identical_fs &= bool(torch.equal(logits, ref))
         self.pages.release(first)
 
         half = cached // t // 2 * t  # a prompt sharing only the first half
