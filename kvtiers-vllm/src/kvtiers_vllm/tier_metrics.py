@@ -15,7 +15,7 @@ reason (`kvtiers.FailureReason` values).
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from kvtiers import TierStats
@@ -99,5 +99,5 @@ class StatsDeltas:
             stats.set_gauge(USAGE, gauges[0], self.labels)
             stats.set_gauge(CAPACITY, gauges[1], self.labels)
             self._gauges = gauges
-        self._last = TierStats(**{**now.as_dict(), "errors": dict(now.errors)})
+        self._last = replace(now, errors=dict(now.errors))
         return None if stats.is_empty() else stats

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvtiers.contract.jobs import FailureReason, JobResult
@@ -70,6 +70,6 @@ class StatsRecorder:
     def snapshot(self, usage_bytes: int) -> TierStats:
         with self._lock:
             s = self._stats
-            return TierStats(
-                **{**asdict(s), "errors": dict(s.errors), "usage_bytes": usage_bytes}
-            )
+            # `replace`, not `asdict`: every field but `errors` is immutable, and this
+            # runs every scheduler step under vLLM (`get_stats`)
+            return replace(s, errors=dict(s.errors), usage_bytes=usage_bytes)
