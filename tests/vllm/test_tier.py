@@ -318,10 +318,11 @@ def harness_file_bytes() -> int:
 
 
 def test_stats_and_metric_definitions(make_engine: MakeEngine, tmp_path: Path) -> None:
-    """The tier's counters reach vLLM's connector stats every step, under metric
-    names the spec defines from the raw config (what vLLM's API server does), and
-    vLLM's own Prometheus code accepts every payload."""
-    extra = extra_config([kvtiers_entry(tmp_path / "fs")])
+    """The tier's counters reach vLLM's connector stats (every step with
+    `stats_interval_s` 0), under metric names the spec defines from the raw config
+    (what vLLM's API server does), and vLLM's own Prometheus code accepts every
+    payload."""
+    extra = extra_config([kvtiers_entry(tmp_path / "fs", stats_interval_s=0)])
     engine = make_engine(extra, num_blocks=16)
     tier = kvtiers_tier(engine)
     tokens = prompt(random.Random(2))
@@ -360,6 +361,31 @@ def test_stats_and_metric_definitions(make_engine: MakeEngine, tmp_path: Path) -
     assert value == blocks
     usage = registry.get_sample_value(tier_metrics.USAGE, {"engine": "0", "tier": "1:kvtiers"})
     assert usage == tier.tier.stats().usage_bytes > 0
+
+
+def test_stats_come_at_most_every_stats_interval(make_engine: MakeEngine, tmp_path: Path) -> None:
+    """vLLM asks for the tier's stats every scheduler step; with an interval, only the
+    first ask in each interval carries the tier's counters (the rest are None), and
+    nothing is lost: the next payload carries what changed meanwhile."""
+    extra = extra_config([kvtiers_entry(tmp_path / "fs", stats_interval_s=3600)])
+    engine = make_engine(extra, num_blocks=16)
+    tier = kvtiers_tier(engine)
+    assert tier.options.stats_interval_s == 3600
+    tokens = prompt(random.Random(3))
+    engine.add("first", tokens, max_tokens=1)
+    engine.run()
+    label = (tier.tier_label,)
+    ours = set(tier_metrics.definitions())
+    carrying = [p for p in engine.stats
+                if any(label in v for name, v in p["data"].items() if name in ours)]
+    assert len(carrying) <= 1  # the first ask, at the first step
+    assert tier.tier.stats().blocks_written > 0
+    assert tier.get_stats() is None  # still inside the interval
+    tier._next_stats = 0.0  # the interval is over
+    payload = tier.get_stats()
+    assert payload is not None
+    written = payload.data["data"][tier_metrics.PREFIX + "blocks_written"][label]
+    assert written == tier.tier.stats().blocks_written
 
 
 def test_namespace_is_vllm_run_identity(
@@ -420,6 +446,11 @@ def test_namespace_is_vllm_run_identity(
             {"type": "kvtiers", "job_timeout_s": 0, "tier": {"type": "memory"}},
             r"secondary_tiers\[0\]\.job_timeout_s: kvtiers tier: expected a number of "
             r"seconds > 0, got 0",
+        ),
+        (
+            {"type": "kvtiers", "stats_interval_s": -1, "tier": {"type": "memory"}},
+            r"secondary_tiers\[0\]\.stats_interval_s: kvtiers tier: expected a number of "
+            r"seconds >= 0, got -1",
         ),
     ],
 )

@@ -74,6 +74,9 @@ TIER_ENTRY_OPTIONS: dict[str, dict[str, Any]] = {
         "description": "how long a promotion may take before vLLM is told it failed "
         "(vLLM 0.34 and later: its CPU chunks stay held until the tier's I/O ends)",
     },  # fmt: skip
+    "stats_interval_s": _seconds(
+        "how often the stats vLLM asks for every step carry the tier's counters (0: every step)"
+    ),
     "backpressure": {"type": "object", "description": "vLLM's, handled by vLLM's factory"},
 }
 

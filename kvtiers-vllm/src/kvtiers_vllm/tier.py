@@ -67,6 +67,7 @@ from kvtiers_vllm.compat import results  # noqa: E402
 from kvtiers_vllm.late_promotions import LatePromotions  # noqa: E402
 from kvtiers_vllm.tier_config import (  # noqa: E402
     JOB_TIMEOUT_S,
+    STATS_INTERVAL_S,
     TierOptions,
     read_options,
     under,
@@ -104,11 +105,13 @@ class KvtiersTier(SecondaryTierManager):
         locality: object = None,
         enable_kv_events: object = True,
         job_timeout_s: object = JOB_TIMEOUT_S,
+        stats_interval_s: object = STATS_INTERVAL_S,
         **unknown: Any,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         options = read_options(
-            offloading_spec, tier, medium, locality, enable_kv_events, job_timeout_s
+            offloading_spec, tier, medium, locality, enable_kv_events, job_timeout_s,
+            stats_interval_s,
         )
         if unknown:
             log.warning(
@@ -155,6 +158,7 @@ class KvtiersTier(SecondaryTierManager):
         self._clock = ctx.clock
         self._late = LatePromotions(ctx.clock) if results.DEFERRED_RELEASE else None
         self._deltas = tier_metrics.StatsDeltas(self.tier_label)
+        self._next_stats = 0.0  # on the tier's clock
         self._closed = False
         log.info(
             "kvtiers tier %s: %s over vLLM's CPU tier (%d chunks of %d bytes), namespace %s",
@@ -294,6 +298,15 @@ class KvtiersTier(SecondaryTierManager):
         return tier_metrics.definitions()
 
     def get_stats(self) -> Any:
+        """What changed in the tier's counters, at most every `stats_interval_s` (vLLM
+        asks every scheduler step; between, None: nothing is lost, the next payload
+        carries it)."""
+        interval = self.options.stats_interval_s
+        if interval:
+            now = self._clock()
+            if now < self._next_stats:
+                return None
+            self._next_stats = now + interval
         return self._deltas.payload(self.tier.stats())
 
     @classmethod

@@ -6,6 +6,7 @@
      "locality": "LOCAL",                    # vLLM's locality (also its backpressure)
      "enable_kv_events": true,               # when vLLM's KV events are on
      "job_timeout_s": 30,                    # a promotion's deadline (vLLM 0.34+)
+     "stats_interval_s": 1.0,                # how often vLLM's stats get the counters
      "backpressure": {...}}                  # vLLM's, handled by vLLM's factory
 
 Every problem is a `kvtiers.ConfigError` (also a ValueError, what vLLM's factories
@@ -30,6 +31,7 @@ EXTRA = "kv_connector_extra_config"
 MEDIA = ("STORAGE", "CPU")
 LOCALITIES = ("LOCAL", "REMOTE")
 JOB_TIMEOUT_S = 30.0  # as kvtiers' manager's `job_timeout_s`
+STATS_INTERVAL_S = 1.0  # as the spec's `kvtiers_stats_interval_s`
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class TierOptions:
     locality: str | None
     enable_kv_events: bool
     job_timeout_s: float = JOB_TIMEOUT_S
+    stats_interval_s: float = STATS_INTERVAL_S
 
 
 def entry_index(spec: Any, tier: object) -> int | None:
@@ -72,6 +75,7 @@ def read_options(
     locality: object = None,
     enable_kv_events: object = True,
     job_timeout_s: object = JOB_TIMEOUT_S,
+    stats_interval_s: object = STATS_INTERVAL_S,
 ) -> TierOptions:
     """Check an entry's options; raise `TierConfigError` listing every problem."""
     index = entry_index(spec, tier)
@@ -124,9 +128,21 @@ def read_options(
                 f"kvtiers tier: expected a number of seconds > 0, got {job_timeout_s!r}",
             )
         )
+    if (
+        isinstance(stats_interval_s, bool)
+        or not isinstance(stats_interval_s, (int, float))
+        or not 0 <= stats_interval_s < 1e9
+    ):
+        problems.append(
+            ConfigProblem(
+                f"{path}.stats_interval_s",
+                f"kvtiers tier: expected a number of seconds >= 0, got {stats_interval_s!r}",
+            )
+        )
     if problems:
         raise TierConfigError(problems)
     assert isinstance(tier, Mapping)
+    assert isinstance(job_timeout_s, (int, float)) and isinstance(stats_interval_s, (int, float))
     return TierOptions(
         section=read_section(tier, path),
         path=path,
@@ -134,7 +150,8 @@ def read_options(
         medium=str(medium).upper(),
         locality=None if locality is None else str(locality).upper(),
         enable_kv_events=bool(enable_kv_events),
-        job_timeout_s=float(job_timeout_s) if isinstance(job_timeout_s, (int, float)) else 0.0,
+        job_timeout_s=float(job_timeout_s),
+        stats_interval_s=float(stats_interval_s),
     )
 
 
