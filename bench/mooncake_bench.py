@@ -2,7 +2,7 @@
 """kvtiers-mooncake benchmark: the `mooncake` tier against the raw Mooncake client
 making the same zero-copy batch calls, on one real `mooncake_master`, in one run.
 
-    PYTHONPATH=. .venv/bin/python bench/mooncake_bench.py             # 5 runs
+    PYTHONPATH=. .venv/bin/python bench/mooncake_bench.py             # 15 rounds
     PYTHONPATH=. .venv/bin/python bench/mooncake_bench.py --runs 3 --quick
 
 Everything runs in a network namespace of its own when the script runs as root
@@ -11,8 +11,7 @@ output. One process: a master (P2PHANDSHAKE, no metadata server) and one Mooncak
 connection with a segment of its own, so objects land in local memory (Mooncake's
 memcpy path, as on one host of a fleet).
 
-Rows (GB/s = 10^9 block bytes/s; median of --runs runs, raw and tier interleaved,
-the order alternating each run; every pass writes new keys and every loaded byte
+Rows (GB/s = 10^9 block bytes/s; every pass writes new keys and every loaded byte
 is compared with what was stored, outside the timed part):
 
 - raw: `batch_put_from(names, slot addresses, sizes)` / `batch_get_into(...)` of the
@@ -23,7 +22,16 @@ is compared with what was stored, outside the timed part):
   header (the slot's header area) and the block per object, in one call;
 - tier: the same blocks as one store job and one load job through
   `MooncakeTier` (`batch_put_from_multi_buffers` with a header per object, the
-  checksums, verification, the index), submit to result.
+  checksums, verification, the index), submit to result. Its quota holds every
+  pass, so no timed store evicts (an eviction adds one `batch_remove`).
+
+Fairness: the segment's memory is touched once before any timed pass (filled with
+objects and emptied), and one warm-up round of every kind runs first, so no timed
+pass pays first-touch page faults (each sample records the process's minor faults).
+A round runs raw, raw-multi and tier back to back, the order alternating round by
+round; `tier_vs_raw` is the median over rounds of each round's tier/raw throughput
+ratio (the two passes of a pair see the same machine load), `ratio_of_medians` the
+ratio of the kinds' median throughputs.
 
 Lookup: the raw `batch_is_exist` round trip for one key, and the tier's probed
 lookup of a key another engine stored (RETRY until the probe thread's
@@ -38,6 +46,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import tempfile
@@ -63,6 +72,10 @@ KINDS = ("raw", "raw_multi", "tier")
 LEASE_MS = 1000
 
 
+def faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def wait_job(tier: MooncakeTier, job: TransferJob) -> Any:
     while True:
         for result in tier.get_finished_jobs():
@@ -75,23 +88,42 @@ class Shape:
     """One block size: a pool twice a pass, one tier over it, the raw calls on the
     tier's own connection (the same process, segment and registration)."""
 
-    def __init__(self, master: Master, name: str, block: int, count: int):
+    def __init__(self, master: Master, name: str, block: int, count: int, passes: int,
+                 options: dict[str, Any]):
         self.name, self.block, self.count = name, block, count
         self.ctx = make_context(block, 2 * count, clock=monotonic,
                                 namespace=make_namespace("bench/mooncake", block))
         pass_bytes = block * count
+        # The quota holds every tier pass (no timed store evicts); the segment holds
+        # them below the master's eviction watermark (0.90), with room for raw passes.
+        self.segment_bytes = (passes + 4) * pass_bytes * 5 // 4 + (64 << 20)
         self.tier = MooncakeTier(self.ctx, {
-            "master_address": master.address, "capacity_bytes": 2 * pass_bytes,
-            # room for the tier's quota, the raw passes and evicted blocks a lease holds
-            "segment_bytes": 8 * pass_bytes + (64 << 20), "prefix": f"b{uuid.uuid4().hex[:8]}",
-            "timeout_s": 30})
+            "master_address": master.address, "capacity_bytes": passes * pass_bytes,
+            "segment_bytes": self.segment_bytes,
+            "prefix": f"b{uuid.uuid4().hex[:8]}", "timeout_s": 30, **options})
         self.store = self.tier.client.conn.store
         self.config = self.tier.client.config
         self.pool = self.ctx.pool
         self.jobs = 0
-        for slot in range(count):  # random bytes, once: every pass stores them anew
+        for slot in range(2 * count):  # random bytes, once: every pass stores them anew
             self.pool.block(slot)[:] = os.urandom(block)
         self.src = [bytes(self.pool.block(s)) for s in range(count)]
+        self.prefault()
+
+    def prefault(self) -> None:
+        """Touch the whole segment once: fill it with objects, then remove them."""
+        names: list[str] = []
+        piece = max(1, (16 << 20) // self.block)
+        address = self.tier.client.slot_address(0)
+        # Up to the size of the segment: past the watermark the master evicts for room.
+        while len(names) * self.block < self.segment_bytes:
+            batch = [f"fill-{uuid.uuid4().hex}" for _ in range(piece)]
+            codes = self.store.batch_put_from(batch, [address] * piece, [self.block] * piece,
+                                              self.config)
+            names += [n for n, c in zip(batch, codes, strict=True) if c == 0]
+            if any(c != 0 for c in codes):
+                break
+        self.store.batch_remove(names, True)
 
     def addresses(self, first: int) -> list[int]:
         return [self.tier.client.slot_address(first + i) for i in range(self.count)]
@@ -239,10 +271,13 @@ def place() -> Iterator[tuple[netns.NetNamespace | None, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--lookups", type=int, default=500)
     parser.add_argument("--quick", action="store_true", help="a quarter of the blocks")
     parser.add_argument("--json", type=Path, default=OUT)
+    parser.add_argument("--shapes", nargs="*", choices=sorted(SHAPES), help="default: all")
+    parser.add_argument("--threads", type=int, nargs=2, metavar=("LOAD", "STORE"),
+                        help="the tier's threads (default: its own, 2 and 2)")
     args = parser.parse_args()
     with place() as (space, where), tempfile.TemporaryDirectory() as tmp:
         runner: Any = space
@@ -250,8 +285,7 @@ def main() -> int:
             print("warning: not root: Mooncake's listeners are reachable on every "
                   "interface while this runs", file=sys.stderr)
             runner = _LoopbackRunner()
-        # A 1 s lease (default 10 s): every tier pass reads its blocks, and the next
-        # passes evict them; with 10 s leases the segment fills with removals held back.
+        # A 1 s lease (default 10 s): blocks read by a pass can be removed soon after.
         master = Master(runner, Path(tmp), lease_ms=LEASE_MS)
         master.start()
         try:
@@ -293,31 +327,50 @@ class _LoopbackRunner:
 def run(master: Master, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": args.runs, "shapes": {}}
     for name, (block, count) in SHAPES.items():
+        if args.shapes and name not in args.shapes:
+            continue
         count = count // 4 if args.quick else count
-        shape = Shape(master, name, block, count)
+        options = {"threads": {"load": args.threads[0], "store": args.threads[1]}} \
+            if args.threads else {}
+        shape = Shape(master, name, block, count, passes=args.runs + 2, options=options)
         try:
             passes = {"raw": shape.raw_pass, "raw_multi": shape.raw_multi_pass,
                       "tier": shape.tier_pass}
-            for fn in passes.values():  # warm-up: connections, page faults
+            for fn in passes.values():  # warm-up: connections, the pool's pages
                 fn()
             samples: dict[str, list[float]] = {f"{k}_{op}": [] for k in KINDS
                                                for op in ("store", "load")}
+            pair: dict[str, list[float]] = {f"{k}_{op}": [] for k in ("tier", "raw_multi")
+                                            for op in ("store", "load")}
+            fault_counts: dict[str, list[int]] = {k: [] for k in KINDS}
             for r in range(args.runs):
                 order = KINDS if r % 2 == 0 else tuple(reversed(KINDS))
+                got: dict[str, tuple[float, float]] = {}
                 for who in order:
-                    put, get = passes[who]()
+                    before = faults()
+                    got[who] = passes[who]()
+                    fault_counts[who].append(faults() - before)
+                for who, (put, get) in got.items():
                     samples[f"{who}_store"].append(block * count / put / 1e9)
                     samples[f"{who}_load"].append(block * count / get / 1e9)
+                for who in ("tier", "raw_multi"):
+                    pair[f"{who}_store"].append(got["raw"][0] / got[who][0])
+                    pair[f"{who}_load"].append(got["raw"][1] / got[who][1])
             med = {k: round(statistics.median(v), 3) for k, v in samples.items()}
+            ratio = {k: round(statistics.median(v), 3) for k, v in pair.items()}
             out["shapes"][name] = {
                 "block_bytes": block, "blocks": count, "median_gbps": med,
-                "samples_gbps": {k: [round(x, 3) for x in v] for k, v in samples.items()},
-                "tier_vs_raw": {"store": round(med["tier_store"] / med["raw_store"], 3),
-                                "load": round(med["tier_load"] / med["raw_load"], 3)},
-                "tier_vs_raw_multi": {
-                    "store": round(med["tier_store"] / med["raw_multi_store"], 3),
-                    "load": round(med["tier_load"] / med["raw_multi_load"], 3)},
-                "blocks_per_s": {k: round(v * 1e9 / block) for k, v in med.items()}}
+                "tier_vs_raw": {"store": ratio["tier_store"], "load": ratio["tier_load"]},
+                "raw_multi_vs_raw": {"store": ratio["raw_multi_store"],
+                                     "load": ratio["raw_multi_load"]},
+                "ratio_of_medians": {
+                    "store": round(med["tier_store"] / med["raw_store"], 3),
+                    "load": round(med["tier_load"] / med["raw_load"], 3)},
+                "pair_ratio_range": {k: [round(min(v), 3), round(max(v), 3)]
+                                     for k, v in pair.items()},
+                "blocks_per_s": {k: round(v * 1e9 / block) for k, v in med.items()},
+                "minor_faults_per_pass_max": {k: max(v) for k, v in fault_counts.items()},
+                "samples_gbps": {k: [round(x, 3) for x in v] for k, v in samples.items()}}
         finally:
             shape.tier.close()
             close_connections(master.address)  # its segment and objects go with it
@@ -325,16 +378,18 @@ def run(master: Master, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    print(f"\nmooncake tier vs raw client ({r['where']}; {r['machine']}; median of "
-          f"{r['runs']} runs)")
+    print(f"\nmooncake tier vs raw client ({r['where']}; {r['machine']}; medians of "
+          f"{r['runs']} rounds; tier/raw: median of the rounds' ratios [range])")
     print(f"{'blocks':>16} {'op':>6} {'raw GB/s':>9} {'raw-multi':>10} {'tier GB/s':>10} "
-          f"{'tier/raw':>9} {'tier/multi':>11} {'tier blocks/s':>14}")
+          f"{'tier/raw':>9} {'range':>13} {'tier blocks/s':>14}")
     for name, s in r["shapes"].items():
         for op in ("store", "load"):
             med = s["median_gbps"]
+            low, high = s["pair_ratio_range"]["tier_" + op]
             print(f"{s['blocks']:>5} x {name:>8} {op:>6} {med['raw_' + op]:>9.3f} "
                   f"{med['raw_multi_' + op]:>10.3f} {med['tier_' + op]:>10.3f} "
-                  f"{s['tier_vs_raw'][op]:>9.2f} {s['tier_vs_raw_multi'][op]:>11.2f} "
+                  f"{s['tier_vs_raw'][op]:>9.2f} "
+                  f"{f'{low:.2f}-{high:.2f}':>13} "
                   f"{s['blocks_per_s']['tier_' + op]:>14,}")
     lk = r["lookups"]
     print(f"lookup round trip (us): raw batch_is_exist p50 {lk['raw_exist_us']['p50']} "

@@ -5,10 +5,12 @@ and started again on the same ports by the tests."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvtiers_mooncake import admin
@@ -20,8 +22,10 @@ BINARY = shutil.which("mooncake_master") or str(Path(sys.executable).parent / "m
 
 
 class Master:
-    def __init__(self, ns: NetNamespace, log_dir: Path, *, lease_ms: int | None = None):
+    def __init__(self, ns: NetNamespace, log_dir: Path, *, lease_ms: int | None = None,
+                 extra_args: Sequence[str] = ()):
         self.ns = ns
+        self.extra_args = list(extra_args)
         self.rpc_port = ns.free_port()
         self.admin_port = ns.free_port()
         self.log_dir = log_dir
@@ -43,6 +47,7 @@ class Master:
                 f"--metrics_port={self.admin_port}", "--rpc_thread_num=2"]
         if self.lease_ms is not None:
             args.append(f"--default_kv_lease_ttl={self.lease_ms}")
+        args += self.extra_args
 
         self.starts += 1
         log = open(self.log_dir / f"master-{self.starts}.log", "wb")  # noqa: SIM115
@@ -66,8 +71,19 @@ class Master:
             self.proc.wait(10)
         self.proc = None
 
+    def freeze(self) -> None:
+        """SIGSTOP: the process stays, its sockets stay open, nothing answers."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after `freeze`."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a frozen master cannot act on SIGTERM
             self.proc.terminate()
             try:
                 self.proc.wait(10)

@@ -49,3 +49,21 @@ def test_names_round_trip_and_stay_in_their_namespace() -> None:
     assert split("kv", name) == (FP, KEY)
     assert Names("kv", "f" * 32).key_of(name) is None
     assert names.key_of(f"kv/{FP}/xyz") is None and split("kv", "kv/short/00") is None
+
+
+def test_the_fast_packer_writes_the_same_headers() -> None:
+    """`Expected.pack` (the store and load paths) is `pack_header`, byte for byte,
+    for any key length; a header it packs for another key, checksum, namespace or
+    block size differs."""
+    expected = record.Expected(FP, 4096)
+    for length in (0, 1, 36, record.MAX_KEY_BYTES):
+        key = os.urandom(length)
+        block_sum = int.from_bytes(os.urandom(8), "little")
+        head = expected.pack(key, block_sum)
+        assert head == record.pack_header(FP, key, 4096, block_sum), length
+        assert len(head) == record.header_bytes(length)
+        assert head != expected.pack(key, block_sum ^ 1)
+        assert head != record.Expected("f" * 32, 4096).pack(key, block_sum)
+        assert head != record.Expected(FP, 8192).pack(key, block_sum)
+        if length:
+            assert head != expected.pack(bytes([key[0] ^ 1]) + key[1:], block_sum)

@@ -9,16 +9,21 @@ load is one `batch_get_into_multi_buffers` that scatters each object back the
 same way. No block byte is copied by kvtiers.
 
 Return codes are Mooncake's (`ErrorCode`): the ones the tier acts on are named
-here. Calls block (Mooncake's own time-outs bound them); they run on the tier's
-I/O threads, never the scheduler's. `close` once, after the I/O threads stopped.
+here. Calls block, bounded by Mooncake's RPC time-out (`MC_RPC_TIMEOUT_MS`, 60 s
+unless set): a connection is set up with it at the tier's `timeout_s` unless the
+environment sets it, so a master that stops answering (frozen, partitioned) fails a
+call within `timeout_s` instead of a minute. They run on the tier's I/O threads,
+never the scheduler's. `close` once, after the I/O threads stopped.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import mmap
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kvtiers.sdk import PoolView
@@ -39,11 +44,16 @@ EXISTS = -705  # OBJECT_ALREADY_EXISTS
 HAS_LEASE = -706  # OBJECT_HAS_LEASE: read recently; a remove must wait
 TRANSFER_FAIL = -800  # the bytes did not move (segment owner gone, sizes differ)
 RPC_FAIL = -900  # the master did not answer
+TENANT_QUOTA = -1700  # TENANT_QUOTA_EXCEEDED (a multi-tenant master)
+TENANT_UNKNOWN = -1701  # TENANT_NOT_REGISTERED: not in the master's tenant quota policy
+#: Mooncake reads its RPC time-out from the environment when a client is set up
+RPC_TIMEOUT_ENV = "MC_RPC_TIMEOUT_MS"
 
 _NAMES = {NO_SPACE: "no space", BAD_PARAMS: "invalid parameters", NOT_FOUND: "not found",
           NOT_READY: "not ready",
           EXISTS: "exists", HAS_LEASE: "has a lease", TRANSFER_FAIL: "transfer failed",
-          RPC_FAIL: "master unreachable"}
+          RPC_FAIL: "master unreachable", TENANT_QUOTA: "tenant quota exceeded",
+          TENANT_UNKNOWN: "tenant not registered with the master"}
 
 
 def failure_of(code: int) -> str:
@@ -69,10 +79,11 @@ class _Connection:
     def __init__(self, settings: MooncakeSettings):
         store_mod = load_store_module()
         self.store: Any = store_mod.MooncakeDistributedStore()
-        code = self.store.setup(
-            settings.local_hostname, settings.metadata_server, settings.segment_bytes,
-            settings.buffer_bytes, settings.protocol, settings.rdma_devices,
-            settings.master_address, tenant_id=settings.tenant)
+        with _rpc_timeout(settings.timeout_s):
+            code = self.store.setup(
+                settings.local_hostname, settings.metadata_server, settings.segment_bytes,
+                settings.buffer_bytes, settings.protocol, settings.rdma_devices,
+                settings.master_address, tenant_id=settings.tenant)
         if code != 0:
             raise StartFailed(f"setup against master {settings.master_address} returned "
                               f"{failure_of(code)}")
@@ -108,6 +119,20 @@ class _Connection:
                 self.store.unregister_buffer(address)
 
 
+@contextlib.contextmanager
+def _rpc_timeout(timeout_s: float) -> Iterator[None]:
+    """`MC_RPC_TIMEOUT_MS` at `timeout_s` while a client is set up, unless the
+    environment sets it (callers hold `_connections_lock`: one setup at a time)."""
+    if RPC_TIMEOUT_ENV in os.environ:
+        yield
+        return
+    os.environ[RPC_TIMEOUT_ENV] = str(max(1, round(timeout_s * 1000)))
+    try:
+        yield
+    finally:
+        os.environ.pop(RPC_TIMEOUT_ENV, None)
+
+
 _connections: dict[tuple[Any, ...], _Connection] = {}
 _connections_lock = threading.Lock()
 
@@ -116,7 +141,7 @@ def _options_key(settings: MooncakeSettings) -> tuple[Any, ...]:
     return (settings.local_hostname, settings.metadata_server, settings.segment_bytes,
             settings.buffer_bytes, settings.protocol, settings.rdma_devices,
             settings.master_address, settings.tenant, settings.replicas,
-            settings.prefer_local_segment)
+            settings.prefer_local_segment, settings.timeout_s)
 
 
 def connect(settings: MooncakeSettings) -> _Connection:

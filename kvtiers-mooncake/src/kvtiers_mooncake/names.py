@@ -11,7 +11,7 @@ any thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Names", "split"]
 
@@ -22,13 +22,13 @@ _HEX = frozenset("0123456789abcdef")
 class Names:
     prefix: str
     fingerprint: str
+    base: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def base(self) -> str:
-        return f"{self.prefix}/{self.fingerprint}/"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", f"{self.prefix}/{self.fingerprint}/")
 
     def block(self, key: bytes) -> str:
-        return self.base + bytes(key).hex()
+        return self.base + key.hex()
 
     def key_of(self, name: str) -> bytes | None:
         """The key `name` holds, or None when it is not one of our block names."""

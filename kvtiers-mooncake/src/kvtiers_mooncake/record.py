@@ -35,8 +35,8 @@ MAGIC = b"KVTMOONC"
 VERSION = 1
 _FIXED = struct.Struct("<8sHH32sQQH")
 _TAIL = struct.Struct("<Q")
-_HEAD = struct.Struct("<H")
 FIXED_BYTES = _FIXED.size  # 62
+_SUM_AT = 52  # where the block checksum starts
 #: bytes of header area per pool slot (registered with Mooncake once)
 AREA_BYTES = 256
 #: the longest key whose header fits the area
@@ -91,30 +91,33 @@ def parse_header(data: bytes | memoryview) -> Header | None:
 
 
 class Expected:
-    """The header bytes every block of one namespace and block size shares, for
-    checking a header against its key in a few byte comparisons (the load path);
-    anything that differs goes to `judge`."""
+    """The header bytes every block of one namespace and block size shares (all
+    but the key, the block checksum and the header checksum, per key length), for
+    packing headers fast. A load checks a header by comparing it with the one
+    packed for its key and the checksum of the block that landed; anything that
+    differs goes to `judge`."""
 
-    __slots__ = ("_prefix",)
+    __slots__ = ("_fingerprint", "_block_bytes", "_prefixes")
 
     def __init__(self, fingerprint: str, block_bytes: int):
-        self._prefix = fingerprint.encode("ascii") + block_bytes.to_bytes(8, "little")
+        self._fingerprint = fingerprint.encode("ascii")
+        self._block_bytes = block_bytes
+        self._prefixes: dict[int, bytes] = {}  # key length -> bytes [0, 52)
 
-    def block_sum(self, header: memoryview, key: bytes) -> int | None:
-        """The block checksum of an intact header for `key` (a view of exactly its
-        `header_bytes(len(key))`), else None."""
+    def _prefix(self, key_bytes: int) -> bytes:
+        prefix = self._prefixes.get(key_bytes)
+        if prefix is None:
+            prefix = _FIXED.pack(MAGIC, VERSION, header_bytes(key_bytes), self._fingerprint,
+                                 self._block_bytes, 0, key_bytes)[:_SUM_AT]
+            self._prefixes[key_bytes] = prefix
+        return prefix
+
+    def pack(self, key: bytes, block_sum: int) -> bytes:
+        """`pack_header(fingerprint, key, block_bytes, block_sum)`, faster."""
         k = len(key)
-        hlen = FIXED_BYTES + k + _TAIL.size
-        if header.nbytes != hlen or header[:8] != MAGIC or header[12:52] != self._prefix \
-                or header[FIXED_BYTES:FIXED_BYTES + k] != key:
-            return None
-        version, length, klen = _HEAD.unpack_from(header, 8)[0], \
-            _HEAD.unpack_from(header, 10)[0], _HEAD.unpack_from(header, 60)[0]
-        if version != VERSION or length != hlen or klen != k:
-            return None
-        if checksum(header[:hlen - _TAIL.size]) != _TAIL.unpack_from(header, hlen - 8)[0]:
-            return None
-        return int(_TAIL.unpack_from(header, 52)[0])
+        head = b"".join((self._prefix(k), block_sum.to_bytes(8, "little"),
+                         k.to_bytes(2, "little"), key))
+        return head + checksum(head).to_bytes(8, "little")
 
 
 def judge(data: bytes | memoryview, fingerprint: str, key: bytes, block_bytes: int,

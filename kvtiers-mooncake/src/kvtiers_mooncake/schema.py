@@ -112,7 +112,8 @@ SCHEMA: dict[str, Any] = {
             "default": "default",
             "description": (
                 "Mooncake's tenant_id; the master separates tenants only when it runs "
-                "with --enable_multi_tenants (and its tenant quota file)"
+                "with --enable_multi_tenants (and refuses tenants its quota policy "
+                "file does not list)"
             ),
         },
         "replicas": {
@@ -147,7 +148,8 @@ SCHEMA: dict[str, Any] = {
             "default": 5.0,
             "description": (
                 "longest wait for the master at start-up, for a lookup's probe and at "
-                "close; jobs are bounded by their deadlines"
+                "close, and Mooncake's RPC time-out (MC_RPC_TIMEOUT_MS unless set); jobs "
+                "are bounded by their deadlines"
             ),
         },
         "retry_s": {

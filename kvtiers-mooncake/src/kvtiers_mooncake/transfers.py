@@ -55,6 +55,8 @@ from kvtiers_mooncake.client import (
     NOT_FOUND,
     NOT_READY,
     RPC_FAIL,
+    TENANT_QUOTA,
+    TENANT_UNKNOWN,
     BreakerOpen,
     StoreClient,
     failure_of,
@@ -63,6 +65,9 @@ from kvtiers_mooncake.housekeeping import Housekeeper
 from kvtiers_mooncake.names import Names
 
 __all__ = ["Transfers", "slot_sums"]
+
+#: put codes that are the store's answer, not its trouble
+_ANSWERS = frozenset((EXISTS, NO_SPACE, TENANT_QUOTA, TENANT_UNKNOWN))
 
 
 @dataclass(slots=True)
@@ -130,48 +135,48 @@ class Transfers:
         return self._load_many(job, [i])[0]
 
     def _load_many(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
-        keys, bb = job.keys, self.block_bytes
+        keys, bb, block_name, house = job.keys, self.block_bytes, self.names.block, self.house
         out: list[Outcome] = [FailureReason.MISSING] * len(indices)
         # A name being removed (found damaged, evicted) is gone already.
-        todo = [(n, i) for n, i in enumerate(indices) if len(keys[i]) <= record.MAX_KEY_BYTES
-                and self.names.block(keys[i]) not in self.house]
+        todo: list[tuple[int, int, str]] = []  # (n, i, name)
+        for n, i in enumerate(indices):
+            if len(keys[i]) <= record.MAX_KEY_BYTES and (name := block_name(keys[i])) \
+                    not in house:
+                todo.append((n, i, name))
         if not todo:
             return out
-        names = [self.names.block(keys[i]) for _, i in todo]
-        slots = [job.slots[i] for _, i in todo]
-        hlens = [record.header_bytes(len(keys[i])) for _, i in todo]
+        slots = [job.slots[i] for _, i, _ in todo]
+        hlens = [record.header_bytes(len(keys[i])) for _, i, _ in todo]
         try:
-            codes = self.client.get(names, slots, hlens, bb)
+            codes = self.client.get([t[2] for t in todo], slots, hlens, bb)
         except Exception as exc:  # noqa: BLE001 - the store's trouble is a miss
             reason = self._refused(job, "load", exc)
-            for n, _ in todo:
+            for n, _, _ in todo:
                 out[n] = reason
             return out
         # Only the master's silence counts here: a failed transfer is judged below.
         self._outcome_of_call(codes, lambda c: c == RPC_FAIL)
-        placed: list[tuple[int, int, str, int, int]] = []  # (n, i, name, slot, block sum)
-        view, expected = self.client.header_view, self.expected
-        for (n, i), name, slot, hlen, code in zip(todo, names, slots, hlens, codes,
-                                                  strict=True):
+        # Whole objects: the block's checksum from the slot, then the header must be
+        # the very bytes this key's header with that checksum has (one comparison).
+        placed: list[tuple[int, int, str, int, int]] = []  # (n, i, name, slot, length)
+        for (n, i, name), slot, hlen, code in zip(todo, slots, hlens, codes, strict=True):
             if code == hlen + bb:
-                header = view(slot, hlen)
-                block_sum = expected.block_sum(header, keys[i])
-                if block_sum is not None:
-                    placed.append((n, i, name, slot, block_sum))
-                    continue
-                bad = record.judge(header, self.fingerprint, keys[i], bb, code)
-                out[n] = self._bad(job, i, name, bad or record.Bad.BROKEN)
+                placed.append((n, i, name, slot, hlen))
             else:
                 out[n] = self._unread(job, i, name, code, hlen + bb)
-        if placed:
-            sums = slot_sums(self.ctx, [p[3] for p in placed], self.errors)
-            for (n, i, name, _, block_sum), found in zip(placed, sums, strict=True):
-                if found == block_sum:
-                    out[n] = None
-                elif found is None:
-                    out[n] = FailureReason.IO
-                else:
-                    out[n] = self._bad(job, i, name, record.Bad.BROKEN)
+        if not placed:
+            return out
+        sums = slot_sums(self.ctx, [p[3] for p in placed], self.errors)
+        area, at, pack = self.client.area, record.AREA_BYTES, self.expected.pack
+        for (n, i, name, slot, hlen), found in zip(placed, sums, strict=True):
+            if found is None:
+                out[n] = FailureReason.IO
+            elif area[slot * at:slot * at + hlen] == pack(keys[i], found):
+                out[n] = None
+            else:
+                bad = record.judge(self.client.header_view(slot, hlen), self.fingerprint,
+                                   keys[i], bb, hlen + bb)
+                out[n] = self._bad(job, i, name, bad or record.Bad.BROKEN)
         return out
 
     def _bad(self, job: Job, i: int, name: str, bad: record.Bad) -> FailureReason:
@@ -252,32 +257,43 @@ class Transfers:
 
     def _store_many(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
         plan: _Stored = job.state
-        keys, bb = job.keys, self.block_bytes
+        keys, bb, pack, block_name = job.keys, self.block_bytes, self.expected.pack, \
+            self.names.block
+        area, header_at = self.client.area_view, record.AREA_BYTES
         out: list[Outcome] = [FailureReason.IO] * len(indices)
         slots = [job.slots[i] for i in indices]
         sums = slot_sums(self.ctx, slots, self.errors)
         todo: list[tuple[int, int, int, int]] = []  # (n, i, slot, header length)
+        names: list[str] = []
         for n, (i, slot, found) in enumerate(zip(indices, slots, sums, strict=True)):
             if found is None:
                 continue
-            head = record.pack_header(self.fingerprint, keys[i], bb, found)
-            self.client.header_view(slot, len(head))[:] = head
+            head = pack(keys[i], found)
+            start = slot * header_at
+            area[start:start + len(head)] = head
             todo.append((n, i, slot, len(head)))
+            names.append(block_name(keys[i]))
         if not todo:
             return out
         try:
-            codes = self.client.put([self.names.block(keys[i]) for _, i, _, _ in todo],
-                                    [t[2] for t in todo], [t[3] for t in todo], bb)
+            codes = self.client.put(names, [t[2] for t in todo], [t[3] for t in todo], bb)
         except Exception as exc:  # noqa: BLE001 - the store's trouble is a failed copy
             reason = self._refused(job, "store", exc)
             return [reason] * len(indices)
-        self._outcome_of_call(codes, lambda c: c not in (0, EXISTS, NO_SPACE) and c < 0)
+        # Room and tenant refusals are answers: only other failures open the breaker.
+        self._outcome_of_call(codes, lambda c: c < 0 and c not in _ANSWERS)
         for (n, i, _, _), code in zip(todo, codes, strict=True):
             if code in (0, EXISTS):
                 plan.written.add(i)
                 out[n] = None
-            elif code == NO_SPACE:
+            elif code in (NO_SPACE, TENANT_QUOTA):
                 out[n] = FailureReason.FULL
+            elif code == TENANT_UNKNOWN:
+                self.errors.note("store", failure_of(code),
+                                 f"store: the master refuses tenant "
+                                 f"{self.client.settings.tenant!r} ({failure_of(code)}): "
+                                 "add it to the master's tenant quota policy")
+                out[n] = FailureReason.REJECTED
             else:
                 self.errors.note("store", failure_of(code), f"store: {failure_of(code)}")
                 out[n] = FailureReason.TIMEOUT if job.expired() else FailureReason.IO
