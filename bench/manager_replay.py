@@ -13,6 +13,15 @@ When the request leaves the in-flight window (~100 requests later): complete_loa
 complete_store, prepare_store + complete_store of the output blocks, and the
 request-finished hook. One operation = one block in one call.
 
+`--pinned-in-place`: the pool's policy keeps pinned blocks in place
+(`EvictionPolicy.keep_pinned_in_place`, what kvtiers-vllm's spec asks for) and the
+protocol is vLLM's request-scoped recency as kvtiers-vllm drives it: no touch after
+prepare_load; the blocks a prepare_store gives slots are placed tail first
+(`reorder`, tiers not told); at the request's end one `reorder` of everything it
+loaded and stored, tail first, the loaded blocks as uses. Operations are counted as
+in the default protocol (the recency calls stand in for the touch), so the rates of
+the two compare as the same workload's.
+
 `--trace FILE` writes the event stream so another engine's manager (the vLLM
 baseline, bench/vllm_baseline.py) replays exactly the same requests.
 `--vllm-python` runs that baseline in its own venv, interleaved with kvtiers' runs
@@ -64,11 +73,12 @@ def percentiles(lat: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 
 def replay(
     events: list[tuple[str, Request]], num_slots: int, policy: str, measure_memory: bool = False,
-    native: bool = True,
+    native: bool = True, in_place: bool = False,
 ) -> dict[str, Any]:
     """One timed replay. `native`: the pool's per-block loops and the slot policies'
     index, list moves and ghosts in C (when built), else in Python
-    (kvtiers.manager.slotops, kvtiers.policies.slot_links)."""
+    (kvtiers.manager.slotops, kvtiers.policies.slot_links). `in_place`: in-place
+    pins and request-scoped recency (see the module docstring)."""
     cls = get_registry().get_policy(policy).record.load()
     assert issubclass(cls, EvictionPolicy), cls
     slotops.USE_NATIVE = native and slotops.NATIVE
@@ -76,7 +86,10 @@ def replay(
     if measure_memory:
         # Before the manager is built: its per-slot arrays count (they are the pool's).
         tracemalloc.start()
-    mgr = TieringOffloadingManager(num_slots, cls.for_slots(num_slots))
+    pool_policy = cls.for_slots(num_slots)
+    if in_place and not pool_policy.keep_pinned_in_place():
+        raise SystemExit(f"policy {policy!r} has no in-place pins")
+    mgr = TieringOffloadingManager(num_slots, pool_policy)
     path = "native" if slotops.USE_NATIVE and slot_links.USE_NATIVE else (
         "python" if not (slotops.USE_NATIVE or slot_links.USE_NATIVE) else "mixed"
     )
@@ -90,6 +103,7 @@ def replay(
     prepare_load, touch, prepare_store = mgr.prepare_load, mgr.touch, mgr.prepare_store
     complete_load, complete_store = mgr.complete_load, mgr.complete_store
     step, take_events = mgr.step, mgr.take_events
+    reorder = mgr.reorder
     perf = time.perf_counter
     gc.disable()
     cpu0 = time.process_time()
@@ -107,11 +121,14 @@ def replay(
             loads = keys[:n]
             if n:
                 prepare_load(loads)
-                touch(loads)
+                if not in_place:
+                    touch(loads)
                 ops += 2 * n
             new = keys[n:]
             t = perf()
             out = prepare_store(new)
+            if in_place and out is not None and out.keys:
+                reorder(out.keys[::-1], tiers=False)  # ranked tail first from now on
             lat_store.append(perf() - t)
             ops += len(new)
             inflight[req.req_id] = (loads, out.keys if out is not None else [])
@@ -132,10 +149,15 @@ def replay(
                 lat_store.append(perf() - t)
                 ops += len(okeys)
                 if out is not None and out.keys:
+                    if in_place:
+                        reorder(out.keys[::-1], tiers=False)
                     t = perf()
                     complete_store(out.keys)
                     lat_done.append(perf() - t)
                     ops += len(out.keys)
+            if in_place:  # the request's recency, tail first, its loads as uses
+                done = out.keys if okeys and out is not None else []
+                reorder([*loads, *stored, *done][::-1], set(loads))
             mgr.on_request_finished(req.req_id)
         if i % 64 == 0:
             t = perf()
@@ -150,6 +172,7 @@ def replay(
         "system": "kvtiers",
         "policy": policy,
         "path": path,
+        "pinned_in_place": in_place,
         "ops": ops,
         "seconds": elapsed,
         "cpu_seconds": cpu,
@@ -267,6 +290,8 @@ def main() -> int:
     ap.add_argument("--paths", default="native",
                     help="kvtiers paths to time, comma-separated: native (the C helper, "
                          "when built), python (its pure-Python fallback)")
+    ap.add_argument("--pinned-in-place", action="store_true",
+                    help="in-place pins and request-scoped recency (kvtiers-vllm's protocol)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write results here")
     ap.add_argument("--trace", type=Path, help="also write the event stream (pickle) here")
@@ -288,7 +313,8 @@ def main() -> int:
             pickle.dump([(k, r.req_id, r.prompt_keys, r.output_keys) for k, r in events], f)
     if args.memory_only:
         mems = [
-            replay(events, args.slots, p, measure_memory=True, native=kp == "native")
+            replay(events, args.slots, p, measure_memory=True, native=kp == "native",
+                   in_place=args.pinned_in_place)
             for p in args.policy.split(",") for kp in args.paths.split(",")
         ]
         for r in mems:
@@ -319,7 +345,9 @@ def main() -> int:
                 kvs = {}
                 for kp in kpaths:
                     kv = timed(
-                        lambda p=policy, n=kp == "native": replay(events, args.slots, p, native=n)
+                        lambda p=policy, n=kp == "native": replay(
+                            events, args.slots, p, native=n, in_place=args.pinned_in_place
+                        )
                     )
                     runs[f"{policy}/{kp}"].append(kv)
                     kvs[kp] = kv
@@ -359,7 +387,7 @@ def main() -> int:
                 mem = None
                 if not args.no_memory:  # the C index is smaller: each path measured
                     mem = replay(events, args.slots, policy, measure_memory=True,
-                                 native=kp == "native")
+                                 native=kp == "native", in_place=args.pinned_in_place)
                 if mem is not None:
                     for k in ("heap_bytes", "heap_bytes_per_resident_block", "heap_by_file"):
                         best[k] = mem[k]

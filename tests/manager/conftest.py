@@ -46,7 +46,7 @@ class Harness:
         kwargs.setdefault("tier_names", [t.get("name", t["type"]) for t in tiers])
         self.mgr = TieringOffloadingManager(
             num_slots,
-            policy or LRUPolicy.for_slots(num_slots),
+            policy if policy is not None else LRUPolicy.for_slots(num_slots),
             self.tiers,
             clock=self.clock,
             **kwargs,

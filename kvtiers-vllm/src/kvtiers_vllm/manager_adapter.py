@@ -5,7 +5,10 @@ What vLLM's scheduler-side connector calls, and what each call becomes:
 
 - `lookup` / `prepare_load` / `complete_load` / `prepare_store` /
   `complete_store`: the kvtiers calls of the same names (`lookup` with the
-  request's id where a tier answers per request). Keys pass through untouched
+  request's id where a tier answers per request). The first `lookup` of a step
+  first collects the tiers' finished jobs (`collect`), as vLLM's tiering manager
+  polls its tiers there: a promotion that ended since the last step serves this
+  step's lookups, not the next one's. Keys pass through untouched
   (kvtiers keys are byte for byte vLLM's `OffloadKey`); slots are vLLM's CPU chunk
   ids and come back in the order of the keys given (vLLM hands them group by group),
   as a `CPULoadStoreSpec`.
@@ -33,6 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
+from functools import partial
 from typing import Any, cast
 
 from kvtiers.manager import TieringOffloadingManager
@@ -95,7 +99,8 @@ class KvtiersManager(OffloadingManager):
     `info` is the pool's row of `config_info`; `on_shutdown` runs last (it releases
     the scheduler's view of vLLM's shared CPU region). `touch_orders_only`: the
     pool's policy takes a touch as recency alone (LRU), not as a second use (ARC,
-    SIEVE): a request's stored blocks are then touched too (`RequestRecency`)."""
+    SIEVE): a request's stored blocks are then touched too (`RequestRecency`, where
+    the pool's policy does not keep pinned blocks in place)."""
 
     def __init__(
         self,
@@ -110,7 +115,12 @@ class KvtiersManager(OffloadingManager):
         touch_orders_only: bool = False,
     ):
         self._m = manager
-        self._recency = RequestRecency(manager.touch, recency_only=touch_orders_only)
+        in_place = manager.pinned_in_place
+        self._recency = RequestRecency(
+            manager.touch, recency_only=touch_orders_only,
+            reorder=manager.reorder if in_place else None,
+            place=partial(manager.reorder, tiers=False) if in_place else None,
+        )  # fmt: skip
         self._threshold = store_threshold
         self._tier_types = dict(tier_types)
         self._info = dict(info)
@@ -145,6 +155,9 @@ class KvtiersManager(OffloadingManager):
         }
         # Per request: the blocks it promoted, and the tier each came from.
         self._sources: dict[str, dict[bytes, CacheHitSource]] = {}
+        # With tiers: collect their finished jobs at the first lookup of a step.
+        self._has_tiers = bool(self._tier_types)
+        self._collect_due = self._has_tiers
 
     @property
     def kvtiers_manager(self) -> TieringOffloadingManager:
@@ -163,6 +176,9 @@ class KvtiersManager(OffloadingManager):
         medium and locality (`TIER_PLACES`), as vLLM's tiering manager filters.
         A tier that answers per request (`SecondaryTier.lookup_in_request`) is
         asked with the request's id."""
+        if self._collect_due:  # the step's first lookup: what ended lands now
+            self._collect_due = False
+            self._m.collect()
         fenced = self._fenced
         if fenced is not None and key in fenced:
             return LookupResult.MISS
@@ -314,6 +330,7 @@ class KvtiersManager(OffloadingManager):
         # Most steps of a busy engine have no tier work: nothing to collect or submit.
         if not self._m.idle():
             self._m.step()
+        self._collect_due = self._has_tiers
 
     def has_pending_work(self) -> bool:
         return not self._m.idle()

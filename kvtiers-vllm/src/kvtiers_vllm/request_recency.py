@@ -9,28 +9,31 @@ chunk the request observed is refreshed, tail first, so that the head of its pre
 is the most recent and evicted last. A prefix whose head is evicted is worthless
 (lookups stop at the first miss), so this order decides what a small pool keeps.
 
-kvtiers' pool refreshes recency only through `touch` (a use) and when a block's last
-hold ends. Here, per request (its state kept in vLLM's `ReqContext`, dropped with it):
+vLLM's policies keep a chunk's place while transfers pin it (a load or a store that
+ends is no use); kvtiers' pool does the same where its policy has in-place pins
+(`EvictionPolicy.keep_pinned_in_place`: LRU and ARC; the spec asks for them), and
+refreshes recency only when told (`touch`, `reorder`). Here, per request (its state
+kept in vLLM's `ReqContext`, dropped with it):
 
 - observed: the keys of its `prepare_load` calls (reused), and of its
   `prepare_store` offers: those it stores (inserted) and those already readable in
   the pool (reused: blocks the GPU's prefix cache served, which vLLM offers again
   after a prefix hit). A key being stored or promoted for another request is not a
   use (vLLM: "ready chunks" only).
-- at `finished`, one `touch` of them in prefix order, tail first: the reused keys
-  (a use, for every policy), and, where `touch` only orders (`recency_only`: LRU),
-  the inserted keys too, so that the head of a prefix just computed outlives its
-  tail. ARC and SIEVE count a touch as a second use, which a store is not (vLLM's
-  ARC keeps insertions in T1): there only reuse is touched.
-- a store that completes: its blocks' holds end, which makes them the newest in
-  the order of the job; where a touch only orders (LRU) they are touched tail first
-  (vLLM ranks a request's chunks tail first from their insertion on), and after
-  `finished` (the request's last store jobs, built in the step it finished) the
-  request's whole order is touched again.
-
-A block still held when its request's touch comes (a write-through copy to a
-secondary tier in flight, a load of another request) keeps its place: kvtiers'
-policies do not reorder held blocks; it becomes the newest when its last hold ends.
+- with in-place pins, the keys a `prepare_store` gives slots are placed tail first
+  (`place`: by recency alone), as vLLM ranks a request's chunks from their
+  insertion on: a prefix whose request has not finished yet loses its tail first.
+- at `finished`, with in-place pins: one `reorder` of all of them in prefix order,
+  tail first (the head of a prefix becomes the newest), the reused keys counting
+  as a use (ARC: T2), the inserted ones moving by recency alone (ARC: within T1, as
+  vLLM's ARC keeps insertions there). Blocks still held move too.
+- without in-place pins (SIEVE, a policy without the mode), one `touch` in that
+  order: the reused keys (a use, for every policy), and, where `touch` only orders
+  (`recency_only`: LRU), the inserted keys too. A held block keeps its place there
+  and becomes the newest when its last hold ends, so a store that completes is
+  touched tail first where a touch only orders (vLLM ranks a request's chunks tail
+  first from their insertion on), and after `finished` (the request's last store
+  jobs, built in the step it finished) the request's whole order is touched again.
 
 Scheduler thread only (the adapter's callers). O(1) per key observed; `finished` sorts
 the request's keys once (O(n log n), as vLLM does).
@@ -38,12 +41,14 @@ the request's keys once (O(n log n), as vLLM does).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
 Touch = Callable[[Sequence[OffloadKey]], None]
+#: `reorder(keys, used)`: `TieringOffloadingManager.reorder`
+Reorder = Callable[[Sequence[OffloadKey], Container[OffloadKey]], None]
 
 
 @dataclass(slots=True)
@@ -60,11 +65,23 @@ class _Access:
 
 class RequestRecency:
     """See the module docstring. `touch(keys)` refreshes `keys` in that order (the
-    last one becomes the newest). `recency_only`: the policy's touch orders only
-    (LRU), so inserted keys are touched too."""
+    last one becomes the newest). `reorder` (`TieringOffloadingManager.reorder`)
+    and `place` (the same, by recency alone, tiers not told): given where the
+    pool's policy keeps pinned blocks in place, then used instead of `touch`.
+    `recency_only`: the policy's touch orders only (LRU), so inserted keys are
+    touched too."""
 
-    def __init__(self, touch: Touch, *, recency_only: bool) -> None:
+    def __init__(
+        self,
+        touch: Touch,
+        *,
+        recency_only: bool,
+        reorder: Reorder | None = None,
+        place: Touch | None = None,
+    ) -> None:
         self._touch = touch
+        self._reorder = reorder
+        self._place = place
         self._recency_only = recency_only
         self._generation = 0
 
@@ -94,6 +111,8 @@ class RequestRecency:
             return
         if stored:
             state.inserted.update(dict.fromkeys(stored))
+            if self._place is not None:  # ranked tail first from their insertion on
+                self._place(stored[::-1])
         if readable:
             inserted, reused = state.inserted, state.reused
             for key in readable:
@@ -111,9 +130,10 @@ class RequestRecency:
             or state.order is not None
         ):
             return
-        keys = list(state.reused)
-        if self._recency_only:
-            keys += [k for k in state.inserted if k not in state.reused]
+        reused = state.reused
+        keys = list(reused)
+        if self._recency_only or self._reorder is not None:
+            keys += [k for k in state.inserted if k not in reused]
         position = ctx.get_offload_key_position
         positions = [position(k) for k in keys]
         if None not in positions:
@@ -123,7 +143,12 @@ class RequestRecency:
             order = keys[::-1]
         state.order = order
         state.inserted.clear()
-        state.reused.clear()
+        if self._reorder is not None:
+            if order:
+                self._reorder(order, reused)
+            reused.clear()
+            return
+        reused.clear()
         if order:
             self._touch(order)
 
@@ -131,8 +156,9 @@ class RequestRecency:
         """The request's store of `keys` (in prefix order) completed: its blocks just
         became the newest, in that order. Where a touch only orders (LRU) they are
         put tail first, head newest, as vLLM ranks a request's chunks from their
-        insertion; after `finished`, the request's whole order is restored."""
-        if not self._recency_only or not keys:
+        insertion; after `finished`, the request's whole order is restored. (With
+        in-place pins the end of a store is no use: nothing to do.)"""
+        if not self._recency_only or not keys or self._reorder is not None:
             return
         state: _Access | None = ctx.get_state(_Access)
         if (

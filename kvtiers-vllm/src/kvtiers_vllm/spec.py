@@ -190,6 +190,8 @@ class KvtiersOffloadingSpec(OffloadingSpec):
                 cfg, pool, self.namespace() if pool is not None else None,
                 block_bytes=self.chunk_bytes,
                 enable_events=cfg.enable_kv_events or self.kv_events_config.enable_kv_cache_events,
+                # vLLM's policies: a transfer's end is no use (request-scoped recency)
+                pinned_in_place=True,
             )  # fmt: skip
         except BaseException:
             release = _releaser(pool, region)

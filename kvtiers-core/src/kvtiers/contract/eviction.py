@@ -17,19 +17,36 @@ Contract (every policy; tested by one shared test class):
 - the batch forms `pin_many`, `unpin_many`, `touch_many` and `insert_pinned` do
   exactly what the single calls would, in order; a policy may override them with
   faster loops (the CPU pool's slot policies do).
+- `reorder_many(keys, used)` moves keys to the newest end without counting every
+  one as a use (the default touches the keys of `used` only);
+- `keep_pinned_in_place()`, on an empty policy, asks for in-place pins (below);
+  a policy without that mode returns False and changes nothing (the default).
 `examined` counts entries a policy looked at while choosing victims, so tests can
 prove the O(1) bound by counting rather than timing.
+
+In-place pins (`pinned_in_place`): for an owner that reports every use itself (an
+engine that commits a request's uses when the request ends) rather than letting a
+transfer's end count as one. A pin no longer takes an entry out of the order: it
+keeps its place, and unpinning does not refresh it. `touch` and `reorder_many` move
+pinned entries like any other. New entries, pinned or not, are placed as the newest;
+an insertion is not a use (ARC: a key its ghosts remember adapts `p` and still
+enters T1). Eviction passes over the pinned entries it meets, taking each out of the
+order (it was the oldest then); unpinned, such an entry comes back as the oldest.
+Each pinned entry is passed over at most once per pin (counted in `examined`), so
+eviction stays O(1) amortised per victim and per pin.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable
+from collections.abc import Container, Hashable, Iterable
 from typing import Any, ClassVar
 
 
 class EvictionPolicy(ABC):
     name: ClassVar[str]
+    #: whether pins keep entries in place (`keep_pinned_in_place`)
+    pinned_in_place: bool = False
 
     def __init__(self, capacity: int | None = None):
         """`capacity`: the number of entries the owner can hold, for policies that size
@@ -78,6 +95,18 @@ class EvictionPolicy(ABC):
     def touch_many(self, keys: Iterable[Hashable]) -> None:
         for key in keys:
             self.touch(key)
+
+    def reorder_many(self, keys: Iterable[Hashable], used: Container[Hashable] = ()) -> None:
+        """Move each key of `keys`, in order, to the newest end of the order (the last
+        one given becomes the newest): a key in `used` as `touch` does (a use), the
+        others by recency alone (ARC: within their list, T1 stays T1). Unknown keys
+        are ignored. The default touches the keys of `used` and leaves the others."""
+        self.touch_many([key for key in keys if key in used])
+
+    def keep_pinned_in_place(self) -> bool:
+        """Switch this policy, while it is empty, to in-place pins (see the module
+        docstring); True when it did. The default: False, nothing changes."""
+        return False
 
     def insert_pinned(self, keys: Iterable[Hashable], values: Iterable[Any]) -> None:
         """`insert(key, value)` then `pin(key)` for each pair; the keys are absent."""

@@ -50,6 +50,7 @@ def build_manager(
     metrics: MetricsSink | None = None,
     logger: logging.Logger | None = None,
     enable_events: bool | None = None,
+    pinned_in_place: bool = False,
 ) -> TieringOffloadingManager:
     """The manager for the config's CPU pool, with its policy and secondary tiers
     (built in config order; if one fails to build, those already built are closed).
@@ -61,7 +62,9 @@ def build_manager(
     `enable_kv_events`. `metrics`: each tier reports to it labelled with its name,
     and is wrapped in a `MeteredTier` (`kvtiers.manager.metered_tier`). Tiers that
     serve peers (`serves_peers`) get the manager through `serve_external_requests`
-    before it is returned."""
+    before it is returned. `pinned_in_place`: ask the pool's policy for in-place pins
+    (`EvictionPolicy.keep_pinned_in_place`; the manager's `pinned_in_place` says
+    whether it has them), for an engine that reports its uses itself."""
     if pool is not None:
         num_slots = _check_pool(config, pool)
     elif block_bytes is not None:
@@ -92,9 +95,12 @@ def build_manager(
             admissions.append(_admission(registry, section, tier, pool.block_bytes))
             # With metrics, each tier is wrapped to record its lookups and jobs.
             tiers.append(tier if metrics is None else MeteredTier(tier, name, metrics))
+        policy = policy_cls.for_slots(num_slots)
+        if pinned_in_place:
+            policy.keep_pinned_in_place()
         manager = TieringOffloadingManager(
             num_slots,
-            policy_cls.for_slots(num_slots),
+            policy,
             tiers,
             write_policy=config.write_policy,
             clock=clock,

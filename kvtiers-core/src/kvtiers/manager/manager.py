@@ -268,6 +268,26 @@ class TieringOffloadingManager(ParentManager):
             if self._has_tiers:
                 self._traffic.touch(keys)
 
+    def reorder(
+        self, keys: Sequence[BlockKey], used: Container[BlockKey] = (), *, tiers: bool = True
+    ) -> None:
+        """The engine observed `keys` (in this order: the last one becomes the
+        newest): refresh their recency in the pool without counting each as a use
+        (`EvictionPolicy.reorder_many`: those of `used` are uses). Tiers that care
+        are told all of them (`SecondaryTier.touch`) unless `tiers` is False (an
+        engine placing the blocks it just began to store)."""
+        with self._lock:
+            self._slots.policy.reorder_many(keys, used)
+            if tiers and self._has_tiers:
+                self._traffic.touch(keys)
+
+    @property
+    def pinned_in_place(self) -> bool:
+        """Whether the pool's policy keeps pinned blocks in place
+        (`EvictionPolicy.keep_pinned_in_place`): a load's or store's end is then no
+        use of its blocks, and only `touch` and `reorder` refresh them."""
+        return self._slots.policy.pinned_in_place
+
     # ------------------------------------------------------------------ stores
 
     def prepare_store(self, keys: Sequence[BlockKey]) -> PrepareStoreOutput | None:
@@ -303,6 +323,18 @@ class TieringOffloadingManager(ParentManager):
             self._events.collect()
             if self._has_tiers:  # no tiers: no jobs to collect, time out or submit
                 self._traffic.step()
+
+    def collect(self) -> None:
+        """Collect the tiers' finished jobs now, as `step()` does first, and nothing
+        else: promotions that ended land (their lookups become HITs), copies that
+        ended release their blocks. For an engine whose step looks blocks up before
+        it calls `step()` at the step's end: collecting at the step's first lookup
+        lets a promotion that ended meanwhile serve this step, not the next. O(1)
+        when no tier job runs."""
+        with self._lock:
+            if self._has_tiers and self._traffic.jobs:
+                self._events.collect()
+                self._traffic.collect()
 
     def drain(self, timeout: float | None = None) -> bool:
         """Submit everything queued and wait for the tiers' jobs (shutdown, tests).

@@ -241,6 +241,17 @@ class TierTraffic:
     def step(self) -> None:
         """Collect finished jobs, time out late ones, submit queued promotions and
         cascades."""
+        self.collect()
+        self._expire()
+        for rt in self.tiers:
+            self._submit_promotions(rt)
+            if rt.deferred:
+                self._queue_deferred(rt)
+            self._submit_cascades(rt)
+
+    def collect(self) -> None:
+        """Collect the tiers' finished jobs (promotions land, copies end); nothing is
+        submitted or timed out."""
         for rt in self.tiers:
             try:
                 results = rt.tier.get_finished_jobs()
@@ -250,12 +261,6 @@ class TierTraffic:
                 continue
             for result in results:
                 self._finish(result)
-        self._expire()
-        for rt in self.tiers:
-            self._submit_promotions(rt)
-            if rt.deferred:
-                self._queue_deferred(rt)
-            self._submit_cascades(rt)
 
     def _finish(self, result: JobResult) -> None:
         job = self.jobs.pop(result.job_id, None)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Container, Hashable, Iterable
 from operator import itemgetter
 from typing import Any, ClassVar
 
@@ -83,6 +83,17 @@ class ARCPolicy(EvictionPolicy):
             self._t2.move_to_end(key)
         elif key in self._p1:
             self._p2[key] = self._p1.pop(key)
+
+    def reorder_many(self, keys: Iterable[Hashable], used: Container[Hashable] = ()) -> None:
+        """A key of `used` is touched; the others move to the newest end of their
+        own list (pinned ones stay out of the lists)."""
+        for key in keys:
+            if key in used:
+                self.touch(key)
+            elif key in self._t1:
+                self._t1.move_to_end(key)
+            elif key in self._t2:
+                self._t2.move_to_end(key)
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         value = self._t1.get(key, _MISSING)

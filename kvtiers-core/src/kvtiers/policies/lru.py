@@ -12,7 +12,7 @@ per unpinned key, one dict entry per pinned key; no per-entry objects of our own
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Container, Hashable, Iterable
 from operator import itemgetter
 from typing import Any, ClassVar
 
@@ -49,6 +49,10 @@ class LRUPolicy(EvictionPolicy):
     def touch(self, key: Hashable) -> None:
         if key in self._order:
             self._order.move_to_end(key)
+
+    def reorder_many(self, keys: Iterable[Hashable], used: Container[Hashable] = ()) -> None:
+        """In LRU a use is recency alone: every key is touched."""
+        self.touch_many(keys)
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         value = self._order.get(key, _MISSING)
