@@ -10,6 +10,7 @@ version the files hold) that docs/vllm.md shows. Pure: reads the JSON files only
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -172,10 +173,20 @@ def side_by_side(docs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__, file=sys.stderr)
-        return 2
-    docs = [json.loads(Path(p).read_text()) for p in argv]
+    parser = argparse.ArgumentParser(
+        prog="vllm_compare_report.py",
+        description="Side-by-side markdown tables of bench/vllm_compare.py's JSON files "
+        "(one per vLLM version), as docs/vllm.md shows them.",
+    )
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                        help="vllm_compare_vllm-<version>_<machine>.json")
+    args = parser.parse_args(argv)
+    docs = []
+    for path in args.files:
+        try:
+            docs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            parser.error(f"{path}: cannot read it as JSON ({exc})")
     print(side_by_side(docs))
     return 0
 
