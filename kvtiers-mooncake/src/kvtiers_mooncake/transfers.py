@@ -107,7 +107,7 @@ class Transfers:
         self.on_recovery = on_recovery
         self.fingerprint = ctx.namespace.fingerprint
         self.block_bytes = ctx.block_bytes
-        self.expected = record.Expected(self.fingerprint, ctx.block_bytes)
+        self.expected = record.FORMAT.packer(self.fingerprint, ctx.block_bytes)
         self.load = JobHooks(block=self._load_one, batch=self._load_many, end=self._end_load)
         self.store = JobHooks(block=self._store_one, batch=self._store_many,
                               start=self._reserve, end=self._end_store)
@@ -305,6 +305,5 @@ class Transfers:
         if plan is None:  # never started: timeout or closed
             return
         with plan.room as room:
-            for i in sorted(plan.written):
-                if job.succeeded(i):
-                    room.commit(job.keys[i], None)
+            done = [job.keys[i] for i in sorted(plan.written) if job.succeeded(i)]
+            room.commit_many(done, [None] * len(done))

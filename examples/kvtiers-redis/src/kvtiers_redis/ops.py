@@ -130,10 +130,11 @@ def _diagnose(value: bytes, io: Transfers, key: bytes) -> tuple[str, str, bool] 
         return "header", "not a kvtiers-redis value (another program's)", False
     if bad is record.Bad.NAMESPACE:
         return "foreign", "another model's block", False
-    parsed = record.parse_header(value)
-    if parsed is None:
+    header = record.parse_header(value)
+    if header is None:
         return "header", "the header is damaged", True
-    _, found, blen, expected, start = parsed
+    found, blen, expected, start = header.key, header.block_bytes, header.block_sum, \
+        header.length
     if found != key:
         return "foreign", f"the value is for key {found.hex()}", True
     if blen != io.block_bytes or len(value) != start + blen:

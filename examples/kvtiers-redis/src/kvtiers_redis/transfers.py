@@ -208,9 +208,9 @@ class Transfers:
         that cannot be reached fails its key alone."""
         out: list[Outcome] = []
         for i, value in values:
-            parsed = record.parse_header(value)
-            assert parsed is not None  # check_header passed
-            _, _, _, expected, start = parsed
+            header = record.parse_header(value)
+            assert header is not None  # check_header passed
+            expected, start = header.block_sum, header.length
             try:
                 dest = self.ctx.pool.block(job.slots[i])
             except OSError as exc:
@@ -308,6 +308,6 @@ class Transfers:
         with plan.room as room:
             # In the job's order, whatever order the SETs ended in: a prefix's first
             # blocks are the older ones.
-            for i, expires in sorted(plan.written.items()):
-                if job.succeeded(i):
-                    room.commit(job.keys[i], expires)
+            done = [(job.keys[i], expires) for i, expires in sorted(plan.written.items())
+                    if job.succeeded(i)]
+            room.commit_many([k for k, _ in done], [e for _, e in done])

@@ -31,6 +31,11 @@ fragments) and `kvtiers.errors`, and nothing else of the core (its tests add
   `probed_lookup`: the whole lookup of such a tier (held, else probed, else MISS).
 - checksums (`kvtiers.sdk.integrity`): `checksum`, `verify`, and `checksum_slots` /
   `land_slots` for many pool slots in one call.
+- `BlockHeaderFormat(magic)` (`kvtiers.sdk.block_header`): a self-describing,
+  checksummed header in front of each block a tier stores on shared storage (key,
+  namespace, block length and checksum): `pack`/`encode`, `parse` (`BlockHeader`),
+  `judge` (any bytes: ours, `BadHeader.FOREIGN`/`NAMESPACE`/`BROKEN`), and a fast
+  per-(namespace, block size) `HeaderPacker`; `block_header_bytes(key length)`.
 - `credential_values(options)` / `scrub(text, values)` (`kvtiers.config.redact`):
   the credentials in free-form options (by name), blanked in a message.
 - `resolve_options` (`kvtiers.config.options`): a hand-written section checked
@@ -93,6 +98,10 @@ from kvtiers.contract import (
 from kvtiers.contract.eviction import EvictionPolicy
 from kvtiers.humanize import format_bytes
 from kvtiers.lazy import lazy_names
+from kvtiers.sdk.block_header import Bad as BadHeader
+from kvtiers.sdk.block_header import BlockHeaderFormat, HeaderPacker
+from kvtiers.sdk.block_header import Header as BlockHeader
+from kvtiers.sdk.block_header import header_bytes as block_header_bytes
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind, Task
 from kvtiers.sdk.engine import BATCH_BYTES, BatchFn, BlockFn, JobEngine, JobHooks
 from kvtiers.sdk.error_counts import ErrorCounts, errno_name, type_name
@@ -137,9 +146,12 @@ __all__ = [
     "AsyncJobHooks",
     "AsyncProbe",
     "BadBlock",
+    "BadHeader",
     "BatchFn",
     "BlockFn",
     "BlockGeometry",
+    "BlockHeader",
+    "BlockHeaderFormat",
     "BlockKey",
     "BlockRecord",
     "BoundedIndex",
@@ -152,6 +164,7 @@ __all__ = [
     "ErrorCounts",
     "EvictionPolicy",
     "FailureReason",
+    "HeaderPacker",
     "IndexView",
     "Job",
     "JobEngine",
@@ -185,6 +198,7 @@ __all__ = [
     "TransferJob",
     "Verdict",
     "VerifyReport",
+    "block_header_bytes",
     "checksum",
     "checksum_bytes",
     "checksum_slots",

@@ -175,13 +175,7 @@ class BoundedIndex(Generic[L]):
             self._drain_if_long()
             return pins
         with self._lock:
-            for key in keys:
-                entry = self._entries.get(key)
-                if entry is None:
-                    locations.append(None)
-                    continue
-                held.append((key, self._pin_locked(key, entry[1])))
-                locations.append(entry[0])
+            self._pin_many_locked(keys, held, locations)
         return Pins(self, keys, held, locations)
 
     # Store path (I/O threads).
@@ -199,16 +193,16 @@ class BoundedIndex(Generic[L]):
             self._drain_locked()
             entries = self._entries
             # Present keys first: pinned, they cannot be evicted for the job's others.
-            for key, _ in items:
-                entry = entries.get(key)
-                if entry is not None:
-                    self._policy.touch(key)
-                    entries[key] = entries.pop(key)  # the newest in use order
-                    held.append((key, self._pin_locked(key, entry[1])))
+            present = [key for key, _ in items if key in entries]
+            if present:
+                self._touch_locked(present)
+                self._pin_many_locked(present, held, None)
+            capacity, make_room = self._capacity, self._make_room_locked
             for key, size in items:
                 if key in entries:
                     verdicts.append(Verdict.PRESENT)
-                elif self._make_room_locked(size, evicted):
+                elif (self._committed + self._reserved + size <= capacity
+                      or make_room(size, evicted)):  # (the first: `make_room`'s fast path)
                     self._reserved += size
                     sizes[key] = size
                     verdicts.append(Verdict.RESERVED)
@@ -427,16 +421,6 @@ class BoundedIndex(Generic[L]):
                 shared[entry] = entry
         return entry
 
-    def _pin_locked(self, key: bytes, size: int) -> _PinCount:
-        """Pin present `key` (of `size` bytes) once more: its count, for the release."""
-        count = self._pins.get(key)
-        if count is None:
-            count = self._pins[key] = _PinCount()
-            self._policy.pin(key)
-            self._evictable -= size
-        count.count += 1
-        return count
-
     def _release(self, pins: Pins[L]) -> None:
         if self._queued:
             self._ops.append((_UNPIN, pins))
@@ -447,12 +431,42 @@ class BoundedIndex(Generic[L]):
             pins._held = []
 
     def _touch_locked(self, keys: Iterable[bytes]) -> None:
-        entries, policy = self._entries, self._policy
+        entries, pop = self._entries, self._entries.pop
+        touched = []
         for key in keys:
-            entry = entries.pop(key, None)
+            entry = pop(key, None)
             if entry is not None:
                 entries[key] = entry  # the newest in use order
-                policy.touch(key)
+                touched.append(key)
+        if touched:
+            self._policy.touch_many(touched)
+
+    def _pin_many_locked(self, keys: Iterable[bytes], held: list[tuple[bytes, _PinCount]],
+                         locations: list[L | None] | None) -> None:
+        """Pin each present key of `keys` once more (reference-counted; one policy
+        call for those newly pinned): their counts go to `held`, every key's location
+        (None: absent) to `locations` when given."""
+        entries, pins = self._entries, self._pins
+        new: list[bytes] = []
+        unpinned = 0
+        for key in keys:
+            entry = entries.get(key)
+            if entry is None:
+                if locations is not None:
+                    locations.append(None)
+                continue
+            count = pins.get(key)
+            if count is None:
+                count = pins[key] = _PinCount()
+                new.append(key)
+                unpinned += entry[1]
+            count.count += 1
+            held.append((key, count))
+            if locations is not None:
+                locations.append(entry[0])
+        if new:
+            self._policy.pin_many(new)
+            self._evictable -= unpinned
 
     def _drain_locked(self) -> int:
         """Apply the queued operations there are now (the queue may grow meanwhile)."""
@@ -463,11 +477,7 @@ class BoundedIndex(Generic[L]):
             if op == _TOUCH:
                 self._touch_locked(arg)
             elif op == _PIN:
-                entries, held = self._entries, arg._held
-                for key in arg.keys:
-                    entry = entries.get(key)
-                    if entry is not None:
-                        held.append((key, self._pin_locked(key, entry[1])))
+                self._pin_many_locked(arg.keys, arg._held, None)
             else:
                 self._unpin_locked(arg._held)
                 arg._held = []
@@ -481,15 +491,20 @@ class BoundedIndex(Generic[L]):
                 self._lock.release()
 
     def _unpin_locked(self, held: Iterable[tuple[bytes, _PinCount]]) -> None:
-        pins = self._pins
+        pins, entries = self._pins, self._entries
+        freed: list[bytes] = []
+        size = 0
         for key, count in held:
             count.count -= 1
             # An entry removed while pinned left the policy, the counts and `_pins`
             # already (a count no longer in `_pins` is that entry's, not a newer one's).
             if count.count == 0 and pins.get(key) is count:
                 del pins[key]
-                self._policy.unpin(key)
-                self._evictable += self._entries[key][1]
+                freed.append(key)
+                size += entries[key][1]
+        if freed:
+            self._policy.unpin_many(freed)
+            self._evictable += size
 
     def _insert_locked(self, key: bytes, entry: tuple[L, int]) -> None:
         self._entries[key] = entry
@@ -537,15 +552,52 @@ class BoundedIndex(Generic[L]):
 
     def _commit(self, key: bytes, location: L, size: int,
                 held: list[tuple[bytes, _PinCount]]) -> bool:
+        """`_commit_many` of one key (the same steps, without the lists)."""
         with self._lock:
             self._drain_locked()
             self._reserved -= size
             if key in self._entries:
                 return False
-            self._insert_locked(key, self._entry(location, size))
-            # the job's own: not evictable until it ends
-            held.append((key, self._pin_locked(key, size)))
+            self._entries[key] = self._entry(location, size)
+            self._committed += size
+            count = self._pins[key] = _PinCount()
+            count.count = 1
+            held.append((key, count))
+            self._policy.insert(key)
+            self._policy.pin(key)
             return True
+
+    def _commit_many(self, keys: Sequence[bytes], locations: Sequence[L], sizes: list[int],
+                     held: list[tuple[bytes, _PinCount]]) -> list[bool]:
+        """Commit each `(keys[i], locations[i], sizes[i])` in order under one lock:
+        its reserved bytes go; an absent key is inserted pinned for the job (not
+        evictable until it ends), a present one is left (False). One policy call."""
+        done: list[bool] = []
+        new: list[bytes] = []
+        with self._lock:
+            self._drain_locked()
+            entries, pins, entry = self._entries, self._pins, self._entry
+            added = 0
+            last: tuple[L, int] = entry(cast(L, None), 0)
+            for key, location, size in zip(keys, locations, sizes, strict=True):
+                if key in entries:
+                    done.append(False)
+                    continue
+                if location is not last[0] or size != last[1]:
+                    last = entry(location, size)  # (the same objects: the same tuple)
+                entries[key] = last
+                added += size
+                # the job's own: not evictable until it ends (inserted pinned)
+                count = pins[key] = _PinCount()
+                count.count = 1
+                held.append((key, count))
+                new.append(key)
+                done.append(True)
+            self._reserved -= sum(sizes)
+            self._committed += added
+            if new:
+                self._policy.insert_pinned(new, [None] * len(new))
+        return done
 
     def _end_reservation(self, released: int, held: list[tuple[bytes, _PinCount]]) -> None:
         with self._lock:

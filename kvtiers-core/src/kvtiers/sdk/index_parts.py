@@ -42,6 +42,9 @@ class _Owner(Protocol[L]):
     def _commit(self, key: bytes, location: L, size: int,
                 held: list[tuple[bytes, _PinCount]]) -> bool: ...
 
+    def _commit_many(self, keys: Sequence[bytes], locations: Sequence[L], sizes: list[int],
+                     held: list[tuple[bytes, _PinCount]]) -> list[bool]: ...
+
     def _end_reservation(self, released: int, held: list[tuple[bytes, _PinCount]]) -> None: ...
 
 
@@ -102,8 +105,9 @@ class Pins(Generic[L]):
 class Reservation(Generic[L]):
     """Room for one store job (`BoundedIndex.reserve`). `verdicts[i]` is the verdict
     for `keys[i]`; `evicted` are the entries evicted to make room (delete their
-    storage). `commit` each key copied, then `close` (idempotent; also a context
-    manager): it releases what was not committed and the job's pins."""
+    storage). `commit` each key copied (or `commit_many` them: one lock round), then
+    `close` (idempotent; also a context manager): it releases what was not committed
+    and the job's pins."""
 
     __slots__ = ("keys", "verdicts", "evicted", "_index", "_sizes", "_held", "_open")
 
@@ -126,6 +130,24 @@ class Reservation(Generic[L]):
             raise RuntimeError("commit on a closed reservation")
         size = self._sizes.pop(key)
         return self._index._commit(key, location, size, self._held)
+
+    def commit_many(self, keys: Sequence[bytes], locations: Sequence[L]) -> list[bool]:
+        """`commit(keys[i], locations[i])` for each i, in order, taking the index's
+        lock once: what each returned. A key not reserved here (or given twice)
+        raises KeyError after the keys before it are committed, as the loop would."""
+        if not self._open:
+            raise RuntimeError("commit on a closed reservation")
+        if len(keys) != len(locations):
+            raise ValueError(f"{len(keys)} keys, {len(locations)} locations")
+        pop, sizes = self._sizes.pop, []
+        try:
+            for key in keys:
+                sizes.append(pop(key))
+        except KeyError:
+            n = len(sizes)
+            self._index._commit_many(keys[:n], locations[:n], sizes, self._held)
+            raise
+        return self._index._commit_many(keys, locations, sizes, self._held)
 
     def close(self) -> None:
         if not self._open:

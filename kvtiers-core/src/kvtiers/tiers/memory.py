@@ -188,9 +188,9 @@ class MemoryTier(SecondaryTier):
         if copies is None:  # never started (timeout, closed)
             return
         with copies.room as room:
-            for i, block in copies.blocks.items():
-                if job.succeeded(i):
-                    room.commit(job.keys[i], block)
+            done = [(job.keys[i], block) for i, block in copies.blocks.items()
+                    if job.succeeded(i)]
+            room.commit_many([k for k, _ in done], [b for _, b in done])
 
     # Engine threads: loads.
 
