@@ -19,7 +19,7 @@ from kvtiers.bench.hf.multiturn import Workload, run_multiturn
 from kvtiers.bench.hf.offload import Offload
 from kvtiers.bench.hf.paged import PagedKV
 from kvtiers.bench.hf.presets import HF_PRESETS
-from kvtiers.bench.hf.ttft import TtftRun
+from kvtiers.bench.hf.ttft import TtftRun, run_disk_gbps, run_fs_gbps
 from kvtiers.bench.model_check import deterministic
 from kvtiers.cli import main
 
@@ -124,6 +124,16 @@ def test_ttft_cases_reload_bit_identical(decoder: HfDecoder, ram_dir: Path,
     assert cached_blocks * SLOT < 2 << 20
     assert [r.nbytes for r in case.disk_reads] == [2 << 20] * 2
     assert case.disk_gbps(None) == median_gbps(case.disk_reads)
+    # the run's disk speed: bytes / seconds of all its reads, the fs limit's speed
+    run_gbps = run_disk_gbps([case, case], None)
+    assert run_gbps == pytest.approx(sum(r.nbytes for r in case.disk_reads)
+                                     / sum(r.seconds for r in case.disk_reads) / 1e9)
+    s = case.summary(None, run_gbps)
+    assert s["fs_disk_limit_s"] == pytest.approx(case.kv_bytes / (run_gbps * 1e9) + case.rest)
+    assert s["fs_over_row_disk_limit"] == pytest.approx(
+        s["fs_hit_s"] / (case.kv_bytes / (median_gbps(case.disk_reads) * 1e9) + case.rest))
+    assert run_fs_gbps([case]) == pytest.approx(
+        2 * case.kv_bytes / sum(b.promote_s for b in case.fs_hits) / 1e9)
     assert case.partial is not None and case.partial.hit_blocks == cached_blocks // 2
     assert case.kv_bytes == cached_blocks * SLOT
     assert 0 <= case.max_abs_vs_recompute < 1e-3  # float32: chunking moves only rounding

@@ -9,6 +9,9 @@
   refuses); a `DiskProbe` keeps its file, so that reads of the same number of bytes
   as an fs hit can be taken right before each one (a disk whose speed drifts - a
   host-cached virtual disk - is then compared with itself at the same moment).
+  Each read is of cold data: the bytes it reads are first overwritten with new
+  random bytes and synced (and dropped from the page cache), so no earlier read of
+  them - by the host of a virtual disk, say - can serve it from a cache.
 """
 
 from __future__ import annotations
@@ -90,25 +93,37 @@ class DiskProbe:
     def __init__(self, directory: str, nbytes: int):
         self.nbytes = max(CHUNK, nbytes // CHUNK * CHUNK)
         self.path = os.path.join(directory, "kvtiers-disk-read-probe")
-        block = os.urandom(64 << 20)
-        try:
-            with open(self.path, "wb") as f:
-                left = self.nbytes
-                while left:
-                    n = min(left, len(block))
-                    f.write(block[:n])
-                    left -= n
-                f.flush()
-                os.fsync(f.fileno())
+        try:  # its room taken now; each read writes the bytes it reads
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.nbytes)
+            finally:
+                os.close(fd)
         except BaseException:
             self.close()
             raise
 
+    def _rewrite(self, nbytes: int) -> None:
+        """New random bytes over the file's first `nbytes`, synced, then dropped from
+        the page cache."""
+        block = memoryview(os.urandom(min(nbytes, 64 << 20)))
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            done = 0
+            while done < nbytes:
+                done += os.pwrite(fd, block[: nbytes - done], done)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, nbytes, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
     def read(self, nbytes: int | None = None) -> DiskRead:
         """One O_DIRECT read of the file's first `nbytes` (all of it by default;
-        never more than it holds), in 2 MiB requests."""
+        never more than it holds), in 2 MiB requests, of bytes written (and synced)
+        just before and not read since."""
         n = self.nbytes if nbytes is None else max(CHUNK, min(nbytes, self.nbytes)
                                                   // CHUNK * CHUNK)
+        self._rewrite(n)
         dd = shutil.which("dd")
         if dd is not None:
             t0 = time.perf_counter()

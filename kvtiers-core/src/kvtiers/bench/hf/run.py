@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     ws_bytes = -(-w.working_set_tokens() // t) * slot
     pool_bytes = args.hf_pool_bytes or max(16 * slot, ws_bytes // 2 // slot * slot)
     ttft_fs = sum(n // t for n in sizes) * (block + 8192) * 11 // 10  # one layout's
-    mt_fs = 2 * ws_bytes
+    probe_bytes = max(sizes, default=0) // t * block  # the disk probe: the largest hit's
+    mt_fs = 0 if args.no_multiturn else 2 * ws_bytes
     out: dict[str, Any] = {
         "what": "kvtiers bench --engine hf",
         "command": "kvtiers bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
@@ -146,11 +147,10 @@ def run(args: argparse.Namespace) -> int:
     ok = True
     # On the CPU (CI), one thread and deterministic algorithms, as the model check.
     ctx = deterministic(threads=1) if device.type == "cpu" else contextlib.nullcontext()
-    with ctx, default_root(args.tmp_dir, ttft_fs + mt_fs) as root:
+    with ctx, default_root(args.tmp_dir, ttft_fs + probe_bytes + mt_fs) as root:
         decoder = HfDecoder(preset, device, seed=args.seed)
         if sizes:
-            probe = DiskProbe(root, min(max(sizes) * block // t, 4 << 30)) if "fs" in \
-                _tiers() else None
+            probe = DiskProbe(root, probe_bytes) if "fs" in _tiers() else None
             disk = probe.read() if probe is not None else None
             cases = []
             for layout in layouts:
@@ -176,10 +176,12 @@ def run(args: argparse.Namespace) -> int:
             ok &= all(c.identical_pool and c.identical_fs is not False
                       and c.identical_partial is not False and c.control_differs is not False
                       for c in cases)
+            run_gbps = ttft.run_disk_gbps(cases, disk)
             out["ttft"] = {"rest_tokens": args.rest_tokens, "reps": args.reps,
                            "disk_read": disk.as_dict() if disk else None,
-                           "cases": [c.as_dict(disk) for c in cases]}
-            _print_ttft(cases, disk)
+                           "disk_run_GBps": run_gbps, "fs_run_GBps": ttft.run_fs_gbps(cases),
+                           "cases": [c.as_dict(disk, run_gbps) for c in cases]}
+            _print_ttft(cases, disk, run_gbps, ttft.run_fs_gbps(cases))
         if not args.no_multiturn:
             fs_root = os.path.join(root, "multiturn")
             os.makedirs(fs_root, exist_ok=True)
@@ -246,25 +248,34 @@ def _print_case(c: Any, disk: Any) -> None:
           f"{s['limit_gain']:.1f}x), fs hit {_ms(s.get('fs_hit_s'))} ms", flush=True)
 
 
-def _print_ttft(cases: list[Any], disk: Any) -> None:
+def _print_ttft(cases: list[Any], disk: Any, run_gbps: float | None = None,
+                fs_gbps: float | None = None) -> None:
     print("\nTTFT (ms, median): recompute vs. reload through kvtiers; limit = pinned copy of "
           "the same bytes + prefill of the rest, measured in this run")
     if disk is not None:
         print(f"disk: {disk.tool} O_DIRECT 2 MiB read of {disk.nbytes / 1e9:.2f} GB at "
-              f"{disk.gbps:.2f} GB/s at the start; per row, 'disk GB/s' is the median of "
-              f"the same reads of the row's KV bytes (at most {disk.nbytes / 1e9:.2f} GB), "
-              "one right before each fs hit; fs hit: median of those hits")
+              f"{disk.gbps:.2f} GB/s at the start; then the same reads of each row's KV "
+              "bytes, one right before each fs hit ('row disk GB/s': their median). Every "
+              "read is of cold data: a file on the fs tier's filesystem whose bytes were just "
+              "overwritten, synced, and not read since")
+    if run_gbps is not None:
+        print(f"fs/disk limit: the fs hit against the KV bytes at the disk's speed over the "
+              f"run ({run_gbps:.2f} GB/s: bytes / seconds of all those reads) + prefill of "
+              f"the rest; the fs tier promoted at {fs_gbps or 0:.2f} GB/s over the run (all "
+              "fs hits); fs/row: against the row's own reads instead")
     head: tuple[str, ...] = ("layout", "tokens", "KV GB", "recompute", "pool hit", "gain", "limit",
-            "limit gain", "share", "fs hit", "fs/disk limit", "fs GB/s", "disk GB/s",
-            "partial (gain)")
+            "limit gain", "share", "fs hit", "fs/disk limit", "fs/row", "fs GB/s",
+            "row disk GB/s", "partial (gain)")
     rows: list[tuple[str, ...]] = []
     for c in cases:
-        s = c.summary(disk)
+        s = c.summary(disk, run_gbps)
         rows.append((c.layout, f"{c.tokens:,}", f"{c.kv_bytes / 1e9:.2f}",
                      _ms(s["recompute_s"]), _ms(s["pool_hit_s"]), f"{s['gain']:.1f}x",
                      _ms(s["copy_limit_s"]), f"{s['limit_gain']:.1f}x",
                      f"{100 * s['share_of_limit_gain']:.0f} %", _ms(s.get("fs_hit_s")),
                      f"{s['fs_over_disk_limit']:.2f}x" if s.get("fs_over_disk_limit") else "-",
+                     f"{s['fs_over_row_disk_limit']:.2f}x" if s.get("fs_over_row_disk_limit")
+                     else "-",
                      f"{s['fs_read_GBps']:.2f}" if s.get("fs_read_GBps") else "-",
                      f"{s['disk_GBps']:.2f}" if s.get("disk_GBps") else "-",
                      f"{_ms(s.get('partial_hit_s'))} ({s.get('partial_gain', 0):.1f}x)"))
