@@ -39,17 +39,16 @@ from kvtiers.sdk import (
     AsyncProbe,
     BlockKey,
     Deferred,
+    EngineTier,
     ErrorCounts,
     FailureReason,
     Job,
     JobEngine,
     JobHooks,
-    JobResult,
     LookupResult,
     Outcome,
     Pins,
     Progress,
-    SecondaryTier,
     StatsRecorder,
     TierContext,
     TierInventory,
@@ -106,9 +105,11 @@ class _Plan:
 BATCH_BYTES = 1 << 20
 
 
-class FsTier(SecondaryTier):
-    """See the module doc; config: `kvtiers_fs.schema.FS_SCHEMA`."""
+class FsTier(EngineTier):
+    """See the module doc; config: `kvtiers_fs.schema.FS_SCHEMA`. `EngineTier` gives
+    `get_finished_jobs` and `drain`."""
 
+    engine: JobEngine
     persistent = True
     shared = True  # the class's default; `shared: false` turns it off
     serves_peers = False
@@ -152,7 +153,7 @@ class FsTier(SecondaryTier):
                 store.close()
             raise
         self._closed = False
-        self._pool = JobEngine(
+        self.engine = JobEngine(
             ctx,
             load=JobHooks(block=self._load_block, batch=self._load_batch, end=self._end_load),
             store=JobHooks(start=self._prepare_store, block=self._store_block,
@@ -208,7 +209,7 @@ class FsTier(SecondaryTier):
                              self._probe if self.shared else None, self._stats)
 
     def submit_store(self, job: TransferJob) -> None:
-        self._pool.submit_store(job, _Plan())
+        self.engine.submit_store(job, _Plan())
 
     def submit_load(self, job: TransferJob) -> None:
         plan = _Plan([self._route(key) for key in job.keys])
@@ -217,19 +218,13 @@ class FsTier(SecondaryTier):
             for root, idn in plan.routes:
                 by_root.setdefault(root, []).append(idn)
             plan.pins = [self.stores[root].pin(idns) for root, idns in by_root.items()]
-        self._pool.submit_load(job, plan)
-
-    def get_finished_jobs(self) -> list[JobResult]:
-        return self._pool.take_finished()
-
-    def drain(self, timeout: float | None = None) -> bool:
-        return self._pool.drain(timeout)
+        self.engine.submit_load(job, plan)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._pool.close()
+        self.engine.close()
         self._probe.close()
         for store in self.stores:
             store.close()

@@ -29,7 +29,7 @@ Every thread that touches the network is started by the constructor.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvtiers.errors import ConfigError, ConfigProblem, KvtiersError, UnknownNameError
@@ -38,16 +38,14 @@ from kvtiers.sdk import (
     BlockKey,
     BoundedIndex,
     ErrorCounts,
+    IndexedTier,
     JobEngine,
-    JobResult,
     LookupResult,
     Progress,
-    SecondaryTier,
     StatsRecorder,
     TierContext,
     TierInventory,
     TierStats,
-    TransferJob,
     VerifyReport,
     probed_lookup,
     type_name,
@@ -82,9 +80,12 @@ def master_answers(address: str, timeout_s: float) -> OSError | None:
         return exc
 
 
-class MooncakeTier(SecondaryTier):
-    """See the module doc; config: `kvtiers_mooncake.schema.SCHEMA`."""
+class MooncakeTier(IndexedTier[None]):
+    """See the module doc; config: `kvtiers_mooncake.schema.SCHEMA`. `IndexedTier`
+    does the scheduler side's hand-offs (`submit_*`, `touch`, `get_finished_jobs`,
+    `drain`)."""
 
+    engine: JobEngine
     persistent = False
     shared = True
     verifies = True
@@ -124,7 +125,7 @@ class MooncakeTier(SecondaryTier):
             timeout_s=settings.timeout_s)
         self._io = Transfers(ctx, self.client, self.index, self.names, self._stats,
                              self._errors, self.house, self.house.reconcile)
-        self._engine = JobEngine(
+        self.engine = JobEngine(
             ctx, load=self._io.load, store=self._io.store,
             load_threads=settings.load_threads, store_threads=settings.store_threads,
             stats=self._stats, batch_bytes=max(UNIT_BYTES, ctx.block_bytes),
@@ -152,23 +153,6 @@ class MooncakeTier(SecondaryTier):
             return LookupResult.MISS
         return probed_lookup(key, key in self.index, self._probe, self._stats)
 
-    def submit_store(self, job: TransferJob) -> None:
-        self._engine.submit_store(job)
-
-    def submit_load(self, job: TransferJob) -> None:
-        # Pinned now: what lookup called a HIT is not evicted before it is read.
-        pins = None if self._engine.closed else self.index.pin(job.keys)
-        self._engine.submit_load(job, pins)
-
-    def touch(self, keys: Iterable[BlockKey]) -> None:
-        self.index.touch(keys)
-
-    def get_finished_jobs(self) -> list[JobResult]:
-        return self._engine.take_finished()
-
-    def drain(self, timeout: float | None = None) -> bool:
-        return self._engine.drain(timeout)
-
     def stats(self) -> TierStats:
         snap = self._stats.snapshot(
             usage_bytes=self.index.committed_bytes + self.house.leaving_bytes)
@@ -180,7 +164,7 @@ class MooncakeTier(SecondaryTier):
             return
         self._closed = True
         self._probe.close(self.settings.timeout_s)
-        self._engine.close(timeout=self.settings.timeout_s)
+        self.engine.close(timeout=self.settings.timeout_s)
         self.house.close(self.settings.timeout_s)
         self.client.close()
 

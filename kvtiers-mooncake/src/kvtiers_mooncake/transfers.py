@@ -39,13 +39,13 @@ from kvtiers.sdk import (
     Job,
     JobHooks,
     Outcome,
-    Pins,
     Reservation,
     StatsRecorder,
     TierContext,
-    Verdict,
     checksum,
     checksum_slots,
+    end_pinned_load,
+    reserve_store,
 )
 
 from kvtiers_mooncake import record
@@ -221,28 +221,16 @@ class Transfers:
         return self._bad(job, i, name, bad or record.Bad.BROKEN)
 
     def _end_load(self, job: Job) -> None:
-        pins: Pins[None] | None = job.state
-        if pins is not None:
-            pins.release()
-        self.index.touch([k for i, k in enumerate(job.keys) if job.succeeded(i)])
+        end_pinned_load(self.index, job)
 
     # Stores.
 
     def _reserve(self, job: Job) -> list[int]:
-        room = self.index.reserve([(k, self.block_bytes) for k in job.keys])
-        job.state = _Stored(room)
-        if room.evicted:
-            self.stats.evicted(len(room.evicted))
-            self.house.remove_now([self.names.block(k) for k, _ in room.evicted],
-                                  self.block_bytes)
         todo = []
-        for i, verdict in enumerate(room.verdicts):
+        for i in reserve_store(self.index, job, self.block_bytes, plan=_Stored,
+                               stats=self.stats, delete=self._remove_evicted):
             key = job.keys[i]
-            if verdict is Verdict.PRESENT:
-                job.succeed(i)
-            elif verdict is not Verdict.RESERVED:  # only pinned entries or the job's own
-                job.fail(i, FailureReason.FULL)
-            elif len(key) > record.MAX_KEY_BYTES:
+            if len(key) > record.MAX_KEY_BYTES:
                 self.errors.note("store", "key", f"a key of {len(key)} bytes is longer "
                                  f"than {record.MAX_KEY_BYTES}: not stored")
                 job.fail(i, FailureReason.REJECTED)
@@ -251,6 +239,11 @@ class Transfers:
             else:
                 todo.append(i)
         return todo
+
+    def _remove_evicted(self, keys: list[bytes]) -> None:
+        """Objects evicted for a store, removed on this thread: the room is there
+        before its put."""
+        self.house.remove_now([self.names.block(k) for k in keys], self.block_bytes)
 
     def _store_one(self, job: Job, i: int) -> Outcome:
         return self._store_many(job, [i])[0]

@@ -38,11 +38,10 @@ from kvtiers.sdk import (
     AsyncJobEngine,
     AsyncProbe,
     BlockKey,
+    EngineTier,
     ErrorCounts,
-    JobResult,
     LookupResult,
     Progress,
-    SecondaryTier,
     StatsRecorder,
     TierContext,
     TierInventory,
@@ -87,9 +86,11 @@ PROBE_HEADS = 32  # HEADs in flight for one probe batch
 SEGMENT_LIST_EVERY_S = 1.0  # a probe lists new segments at most this often
 
 
-class S3Tier(SecondaryTier):
-    """See the module doc; config: `kvtiers_s3.schema.S3_SCHEMA`."""
+class S3Tier(EngineTier):
+    """See the module doc; config: `kvtiers_s3.schema.S3_SCHEMA`. `EngineTier`
+    gives `get_finished_jobs` and `drain`."""
 
+    engine: AsyncJobEngine
     persistent = True
     shared = True  # per instance: `shared: false` turns it off
     serves_peers = False
@@ -127,7 +128,7 @@ class S3Tier(SecondaryTier):
         self._io = IoContext(ctx, settings, self._holdings, self.ns_root, self._stats,
                              self._errors, self._spawn)
         loads = max(1, settings.concurrency // 2)
-        self._engine = AsyncJobEngine(
+        self.engine = AsyncJobEngine(
             ctx, load=Loads(self._io).hooks, store=Stores(self._io).hooks,
             load_concurrency=loads, store_concurrency=max(1, settings.concurrency - loads),
             stats=self._stats, on_close=self._on_close, name=f"kvtiers-{self.name}",
@@ -140,16 +141,16 @@ class S3Tier(SecondaryTier):
         self.wall_clock: Callable[[], float] = time.time
         try:
             # A client for the loop; extra connections for probes, listings, deletes.
-            fs = open_filesystem(settings, loop=self._engine.loop,
+            fs = open_filesystem(settings, loop=self.engine.loop,
                                  **({"max_pool_connections": settings.concurrency + 8}
                                     if settings.is_s3 else {}))
             self._store = ObjectStore(
                 fs, settings,
                 boto3_threads=settings.concurrency + 8 if settings.uses_boto3 else 0)
             self._io.attach(self._store)
-            scanned = self._engine.run(self._start(), timeout=STARTUP_TIMEOUT_S)
+            scanned = self.engine.run(self._start(), timeout=STARTUP_TIMEOUT_S)
         except BaseException:
-            self._engine.close(timeout=1.0)
+            self.engine.close(timeout=1.0)
             raise
         if self.shared:
             self._probe = AsyncProbe(self._probe_keys, clock=ctx.clock, hit_ttl_s=0.0,
@@ -159,7 +160,7 @@ class S3Tier(SecondaryTier):
             period = settings.rescan_s or 10.0
         if period > 0:
             self._rescan = asyncio.run_coroutine_threadsafe(
-                self._rescan_every(period, once=not self.shared), self._engine.loop)
+                self._rescan_every(period, once=not self.shared), self.engine.loop)
 
     # -- start-up (on the loop) ----------------------------------------------------------
 
@@ -289,24 +290,18 @@ class S3Tier(SecondaryTier):
             ttl = self.settings.ttl_s
             held = not ttl or obj.mtime + ttl >= self.wall_clock()
             if not held:
-                self._engine.loop.call_soon_threadsafe(self._expire, obj)
+                self.engine.loop.call_soon_threadsafe(self._expire, obj)
         return probed_lookup(key, held, self._probe, self._stats)
 
     def submit_store(self, job: TransferJob) -> None:
-        self._engine.submit_store(job, StorePlan())
+        self.engine.submit_store(job, StorePlan())
 
     def submit_load(self, job: TransferJob) -> None:
         if self._closed:
-            self._engine.submit_load(job, LoadPlan(None, []))
+            self.engine.submit_load(job, LoadPlan(None, []))
             return
         pins, objects = self._holdings.pin(job.keys)  # what lookup called a HIT stays
-        self._engine.submit_load(job, LoadPlan(pins, objects))
-
-    def get_finished_jobs(self) -> list[JobResult]:
-        return self._engine.take_finished()
-
-    def drain(self, timeout: float | None = None) -> bool:
-        return self._engine.drain(timeout)
+        self.engine.submit_load(job, LoadPlan(pins, objects))
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
         if not self._closed:
@@ -339,11 +334,11 @@ class S3Tier(SecondaryTier):
         order = self._holdings.index.export()
         if order:
             try:
-                self._engine.run(asyncio.wait_for(
+                self.engine.run(asyncio.wait_for(
                     write_recency(self._store, self.ns_root, order), self.settings.timeout_s))
             except Exception as exc:  # noqa: BLE001 - recency is advisory
                 self._errors.record("recency", exc)
-        self._engine.close(timeout=self.settings.timeout_s)
+        self.engine.close(timeout=self.settings.timeout_s)
 
     # -- tools (`kvtiers inspect` / `verify` / `snapshot`): any thread but the scheduler's --
 
@@ -367,7 +362,7 @@ class S3Tier(SecondaryTier):
                       progress: Progress | None = None) -> list[VerifyReport]:
         """Every held object re-read and re-checked (`tools.verify`); with `repair`,
         damaged objects that are provably ours leave the index and the store."""
-        return verify_namespace(self._engine.run, self._io, self.startup, self.name,
+        return verify_namespace(self.engine.run, self._io, self.startup, self.name,
                                 repair=repair, progress=progress)
 
     # -- helpers ----------------------------------------------------------------------------
@@ -410,7 +405,7 @@ class S3Tier(SecondaryTier):
 
     def _probe_keys(self, keys: Sequence[BlockKey]) -> list[BlockKey]:
         try:
-            return self._engine.run(self._probe_on_loop(list(keys)),
+            return self.engine.run(self._probe_on_loop(list(keys)),
                                     timeout=self.settings.timeout_s + 5)
         except Exception as exc:  # noqa: BLE001 - a failed probe is a miss
             self._errors.record("probe", exc)

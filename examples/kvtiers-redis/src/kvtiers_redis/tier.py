@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -37,15 +37,13 @@ from kvtiers.sdk import (
     BlockKey,
     BoundedIndex,
     ErrorCounts,
-    JobResult,
+    IndexedTier,
     LookupResult,
     Progress,
-    SecondaryTier,
     StatsRecorder,
     TierContext,
     TierInventory,
     TierStats,
-    TransferJob,
     VerifyReport,
     type_name,
 )
@@ -68,9 +66,12 @@ RETRY_S = 2.0  # a server away at start-up is asked again this often
 HIT_MARGIN_S = 0.5
 
 
-class RedisTier(SecondaryTier):
-    """See the module doc; config: `kvtiers_redis.schema.SCHEMA`."""
+class RedisTier(IndexedTier[int]):
+    """See the module doc; config: `kvtiers_redis.schema.SCHEMA`. `IndexedTier`
+    does the scheduler side's hand-offs (`submit_*`, `touch`, `get_finished_jobs`,
+    `drain`)."""
 
+    engine: AsyncJobEngine
     persistent = True
     verifies = True
 
@@ -100,15 +101,15 @@ class RedisTier(SecondaryTier):
         self._io = Transfers(ctx, settings, self.index, self.names, self._stats, self._errors,
                              self._spawn)
         loads = settings.concurrency // 2
-        self._engine = AsyncJobEngine(
+        self.engine = AsyncJobEngine(
             ctx, load=self._io.load, store=self._io.store, load_concurrency=loads,
             store_concurrency=settings.concurrency - loads, stats=self._stats,
             batch_bytes=BATCH_BYTES, on_close=self._on_close, name=f"kvtiers-{self.name}",
             on_crash=lambda exc: self._errors.record("task", exc))
         try:
-            self._engine.run(self._start(), timeout=STARTUP_TIMEOUT_S)
+            self.engine.run(self._start(), timeout=STARTUP_TIMEOUT_S)
         except BaseException:
-            self._engine.close(timeout=1.0)
+            self.engine.close(timeout=1.0)
             raise
 
     def __repr__(self) -> str:
@@ -186,23 +187,6 @@ class RedisTier(SecondaryTier):
         self._stats.lookup(hit)
         return LookupResult.HIT if hit else LookupResult.MISS
 
-    def submit_store(self, job: TransferJob) -> None:
-        self._engine.submit_store(job)
-
-    def submit_load(self, job: TransferJob) -> None:
-        # Pinned now: what lookup called a HIT is not evicted before it is read.
-        pins = None if self._engine.closed else self.index.pin(job.keys)
-        self._engine.submit_load(job, pins)
-
-    def touch(self, keys: Iterable[BlockKey]) -> None:
-        self.index.touch(keys)
-
-    def get_finished_jobs(self) -> list[JobResult]:
-        return self._engine.take_finished()
-
-    def drain(self, timeout: float | None = None) -> bool:
-        return self._engine.drain(timeout)
-
     def stats(self) -> TierStats:
         snap = self._stats.snapshot(usage_bytes=self.index.committed_bytes)
         snap.errors.update({f"redis.{k}": v for k, v in self._errors.snapshot().items()})
@@ -214,11 +198,11 @@ class RedisTier(SecondaryTier):
             return
         self._closed = True
         try:
-            self._engine.run(asyncio.wait_for(self._io.client.set(
+            self.engine.run(asyncio.wait_for(self._io.client.set(
                 self.names.recency, json.dumps(self.index.export())), self.settings.timeout_s))
         except Exception as exc:  # noqa: BLE001 - recency is advisory
             self._errors.record("recency", exc)
-        self._engine.close(timeout=self.settings.timeout_s)
+        self.engine.close(timeout=self.settings.timeout_s)
 
     # -- tools (`kvtiers inspect` / `verify`): any thread but the scheduler's ------------
 
@@ -245,7 +229,7 @@ class RedisTier(SecondaryTier):
         bad: list[BadBlock] = []
         vanished = removed = 0
         for at in range(0, len(items), ops.PIECE):
-            b, v, r = self._engine.run(ops.verify_piece(
+            b, v, r = self.engine.run(ops.verify_piece(
                 self._io, items[at:at + ops.PIECE], repair=repair))
             bad += b
             vanished += v

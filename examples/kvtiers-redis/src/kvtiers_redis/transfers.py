@@ -50,7 +50,8 @@ from kvtiers.sdk import (
     Reservation,
     StatsRecorder,
     TierContext,
-    Verdict,
+    end_pinned_load,
+    reserve_store,
     run_off_loop,
     verify,
 )
@@ -222,28 +223,13 @@ class Transfers:
         return out
 
     def _end_load(self, job: Job) -> None:
-        pins: Pins[int] | None = job.state
-        if pins is not None:
-            pins.release()
-        self.index.touch([k for i, k in enumerate(job.keys) if job.succeeded(i)])
+        end_pinned_load(self.index, job)
 
     # Stores.
 
     def _reserve(self, job: Job) -> list[int]:
-        room = self.index.reserve([(k, self.block_bytes) for k in job.keys])
-        job.state = _Stored(room)
-        if room.evicted:
-            self.stats.evicted(len(room.evicted))
-            self.unlink_later([k for k, _ in room.evicted])
-        todo = []
-        for i, verdict in enumerate(room.verdicts):
-            if verdict is Verdict.RESERVED:
-                todo.append(i)
-            elif verdict is Verdict.PRESENT:
-                job.succeed(i)
-            else:  # only pinned entries or this job's own are left
-                job.fail(i, FailureReason.FULL)
-        return todo
+        return reserve_store(self.index, job, self.block_bytes, plan=_Stored,
+                             stats=self.stats, delete=self.unlink_later)
 
     async def _store(self, job: Job, i: int) -> Outcome:
         return (await self._store_many(job, [i]))[0]

@@ -15,6 +15,13 @@ fragments) and `kvtiers.errors`, and nothing else of the core (its tests add
   `job.defer(i)` (`Deferred`), settled later from any thread, instead of sleeping.
 - `AsyncJobEngine` (`kvtiers.sdk.aio`): the same for asyncio clients, on an event
   loop the engine owns, with bounded concurrency.
+- `EngineTier` (`kvtiers.sdk.engine_tier`): a `SecondaryTier` on one of those
+  engines (`engine`): `get_finished_jobs` and `drain` are the engine's.
+  `IndexedTier` (`kvtiers.sdk.indexed_tier`): one whose holdings are a
+  `BoundedIndex` (`index`) besides: `submit_*` (loads pinned at submit) and
+  `touch`; its hooks' steps `end_pinned_load` (release the pins, touch what was
+  read) and `reserve_store` (room reserved, present and full keys settled,
+  evictions counted and deleted).
 - `BoundedIndex` (`kvtiers.sdk.index`): key -> location under a byte capacity, with
   a registered eviction policy, reference-counted pins, reservations for stores in
   flight, removals reported, and recency export/restore as JSON; a queued mode
@@ -104,8 +111,10 @@ from kvtiers.sdk.block_header import Header as BlockHeader
 from kvtiers.sdk.block_header import header_bytes as block_header_bytes
 from kvtiers.sdk.dualqueue import LOAD, STORE, DualQueueThreadPool, Kind, Task
 from kvtiers.sdk.engine import BATCH_BYTES, BatchFn, BlockFn, JobEngine, JobHooks
+from kvtiers.sdk.engine_tier import EngineTier
 from kvtiers.sdk.error_counts import ErrorCounts, errno_name, type_name
 from kvtiers.sdk.index import BoundedIndex, EntryView, IndexView, Pins, Reservation, Verdict
+from kvtiers.sdk.indexed_tier import IndexedTier, end_pinned_load, reserve_store
 from kvtiers.sdk.integrity import (
     CHECKSUM_BYTES,
     CHECKSUM_NAME,
@@ -160,12 +169,14 @@ __all__ = [
     "Deferred",
     "DualQueueThreadPool",
     "EndHook",
+    "EngineTier",
     "EntryView",
     "ErrorCounts",
     "EvictionPolicy",
     "FailureReason",
     "HeaderPacker",
     "IndexView",
+    "IndexedTier",
     "Job",
     "JobEngine",
     "JobHooks",
@@ -204,6 +215,7 @@ __all__ = [
     "checksum_slots",
     "create_tier",
     "credential_values",
+    "end_pinned_load",
     "format_bytes",
     "key_group",
     "key_hash",
@@ -212,6 +224,7 @@ __all__ = [
     "errno_name",
     "monotonic",
     "probed_lookup",
+    "reserve_store",
     "resolve_options",
     "round_up",
     "run_off_loop",
