@@ -6,9 +6,10 @@ making the same zero-copy batch calls, on one real `mooncake_master`, in one run
     PYTHONPATH=. .venv/bin/python bench/mooncake_bench.py --runs 3 --quick
 
 Everything runs in a network namespace of its own when the script runs as root
-(Mooncake's clients listen on 0.0.0.0); otherwise on loopback, said so in the
-output. One process: a master (P2PHANDSHAKE, no metadata server) and one Mooncake
-connection with a segment of its own, so objects land in local memory (Mooncake's
+(Mooncake's clients listen on 0.0.0.0); otherwise, or with --loopback (for a host
+that nothing outside can reach), on loopback, said so in the output. One process:
+a master (P2PHANDSHAKE, no metadata server) and one Mooncake connection with a
+segment of its own, so objects land in local memory (Mooncake's
 memcpy path, as on one host of a fleet).
 
 Rows (GB/s = 10^9 block bytes/s; every pass writes new keys and every loaded byte
@@ -256,8 +257,8 @@ def percentiles(seconds: list[float]) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def place() -> Iterator[tuple[netns.NetNamespace | None, str]]:
-    why = netns.available()
+def place(loopback: bool) -> Iterator[tuple[netns.NetNamespace | None, str]]:
+    why = "--loopback" if loopback else netns.available()
     if why is not None:
         yield None, f"loopback ({why})"
         return
@@ -278,11 +279,14 @@ def main() -> int:
     parser.add_argument("--shapes", nargs="*", choices=sorted(SHAPES), help="default: all")
     parser.add_argument("--threads", type=int, nargs=2, metavar=("LOAD", "STORE"),
                         help="the tier's threads (default: its own, 2 and 2)")
+    parser.add_argument("--loopback", action="store_true",
+                        help="no network namespace, even as root (only on a host that "
+                        "nothing outside can reach)")
     args = parser.parse_args()
-    with place() as (space, where), tempfile.TemporaryDirectory() as tmp:
+    with place(args.loopback) as (space, where), tempfile.TemporaryDirectory() as tmp:
         runner: Any = space
         if space is None:
-            print("warning: not root: Mooncake's listeners are reachable on every "
+            print(f"warning: {where}: Mooncake's listeners are reachable on every "
                   "interface while this runs", file=sys.stderr)
             runner = _LoopbackRunner()
         # A 1 s lease (default 10 s): blocks read by a pass can be removed soon after.

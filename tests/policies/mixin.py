@@ -351,6 +351,41 @@ class PolicyContract:
 
     # --- the model ----------------------------------------------------------------
 
+    def test_batch_calls_match_single_calls(self) -> None:
+        """`pin_many`, `unpin_many`, `touch_many` and `insert_pinned` leave a policy as
+        the loops over single calls do (the defaults are those loops; an override
+        must keep them)."""
+        rng = random.Random(7)
+        for _ in range(60):
+            batch, single = self.make(), self.make()
+            members: set[str] = set()
+            for _ in range(40):
+                op = rng.choice(["insert", "pin", "unpin", "touch", "insert_pinned", "evict"])
+                keys = rng.sample(KEYS, rng.randint(0, 5))
+                if op == "insert":
+                    for key in keys:
+                        batch.insert(key, len(key))
+                        single.insert(key, len(key))
+                    members.update(keys)
+                elif op == "insert_pinned":
+                    new = [k for k in keys if k not in members]
+                    batch.insert_pinned(new, [len(k) for k in new])
+                    for key in new:
+                        single.insert(key, len(key))
+                        single.pin(key)
+                    members.update(new)
+                elif op == "evict":
+                    victims = batch.evict(2)
+                    assert single.evict(2) == victims
+                    members.difference_update(victims)
+                else:
+                    getattr(batch, f"{op}_many")(keys)
+                    for key in keys:
+                        getattr(single, op)(key)
+                assert batch.export() == single.export()
+                assert all(batch.is_pinned(k) == single.is_pinned(k) for k in KEYS)
+            assert batch.evict(len(KEYS)) == single.evict(len(KEYS))
+
     def test_state_machine(self) -> None:
         machine: Any = type(
             f"{self.policy_cls.__name__}Machine", (PolicyMachine,), {"policy_cls": self.policy_cls}

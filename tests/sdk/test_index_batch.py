@@ -1,6 +1,7 @@
 """`BoundedIndex`'s batch forms do what the per-key calls do: two indexes driven by
-the same random operations, one through `Reservation.commit_many` and `pin`/`touch`
-of many keys at once, the other key by key (`commit`, `pin([k])`, `touch([k])`),
+the same random operations, one through `Reservation.commit_many` (with `close` too)
+and `pin`/`touch` of many keys at once, the other key by key (`commit` then `close`,
+`pin([k])`, `touch([k])`),
 end every step in the same state - entries, eviction order, pin counts, byte counts,
 evictions, removals reported - and answer the same (verdicts, evicted entries,
 commit results, errors)."""
@@ -43,19 +44,26 @@ class Side:
         self.rooms.append(room)
         return list(room.verdicts), list(room.evicted)
 
-    def commit(self, at: int, keys: list[bytes], locations: list[str]) -> tuple[Any, ...]:
+    def commit(self, at: int, keys: list[bytes], locations: list[str],
+               close: bool = False) -> tuple[Any, ...]:
+        """A KeyError leaves the reservation open (with `close` too)."""
         room = self.rooms[at]
         if self.batch:
             try:
-                return "ok", room.commit_many(keys, locations)
+                done = room.commit_many(keys, locations, close=close)
             except KeyError as exc:
                 return "KeyError", exc.args
-        done = []
-        for key, location in zip(keys, locations, strict=True):
-            try:
-                done.append(room.commit(key, location))
-            except KeyError as exc:
-                return "KeyError", exc.args
+        else:
+            done = []
+            for key, location in zip(keys, locations, strict=True):
+                try:
+                    done.append(room.commit(key, location))
+                except KeyError as exc:
+                    return "KeyError", exc.args
+            if close:
+                room.close()
+        if close:
+            self.rooms.pop(at)
         return "ok", done
 
     def close(self, at: int) -> None:
@@ -101,7 +109,8 @@ def step(rnd: random.Random, sides: tuple[Side, Side]) -> None:
         if rnd.random() < 0.15:  # a key not reserved there (or committed already)
             keys.insert(rnd.randint(0, len(keys)), rnd.choice(KEYS))
         locations = [f"at-{rnd.randrange(4)}" for _ in keys]
-        assert a.commit(at, keys, locations) == b.commit(at, keys, locations)
+        close = rnd.random() < 0.4  # a store's last commit
+        assert a.commit(at, keys, locations, close) == b.commit(at, keys, locations, close)
     elif op == 2:
         at = rnd.randrange(len(a.rooms))
         a.close(at)

@@ -221,22 +221,33 @@ class StoreClient:
         if not self.breaker.allow():
             raise BreakerOpen
 
+    def _buffers(self, slots: Sequence[int], header_lengths: Sequence[int],
+                 block_bytes: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Per object its two buffers (the slot's header area, the block) and their
+        sizes, as Mooncake's multi-buffer calls take them."""
+        pool, stride = self.pool_address, self.slot_bytes
+        area, at = self.area_address, record.AREA_BYTES
+        buffers = [[area + s * at, pool + s * stride] for s in slots]
+        first = header_lengths[0] if header_lengths else 0
+        if header_lengths.count(first) == len(header_lengths):  # (keys of one length)
+            return buffers, [[first, block_bytes]] * len(header_lengths)
+        return buffers, [[h, block_bytes] for h in header_lengths]
+
     def put(self, names: Sequence[str], slots: Sequence[int], header_lengths: Sequence[int],
             block_bytes: int) -> list[int]:
         """One object per name, gathered from the slot's header area and block."""
         self._enter()
+        buffers, sizes = self._buffers(slots, header_lengths, block_bytes)
         return list(self._store.batch_put_from_multi_buffers(
-            list(names), [[self.header_address(s), self.slot_address(s)] for s in slots],
-            [[h, block_bytes] for h in header_lengths], self.config))
+            list(names), buffers, sizes, self.config))
 
     def get(self, names: Sequence[str], slots: Sequence[int], header_lengths: Sequence[int],
             block_bytes: int) -> list[int]:
         """Each object scattered into the slot's header area and block; per name
         the bytes read or a (negative) code."""
         self._enter()
-        return list(self._store.batch_get_into_multi_buffers(
-            list(names), [[self.header_address(s), self.slot_address(s)] for s in slots],
-            [[h, block_bytes] for h in header_lengths]))
+        buffers, sizes = self._buffers(slots, header_lengths, block_bytes)
+        return list(self._store.batch_get_into_multi_buffers(list(names), buffers, sizes))
 
     def exist(self, names: Sequence[str]) -> list[int]:
         """1, 0, or a negative code per name (a read: it grants each a lease)."""

@@ -66,6 +66,11 @@ class Housekeeper:
     def __contains__(self, name: object) -> bool:
         return name in self._leaving
 
+    def among(self, names: list[str]) -> set[str]:
+        """Those of `names` being removed now (one set operation for a unit)."""
+        leaving = self._leaving
+        return leaving.keys() & names if leaving else set()
+
     @property
     def leaving_bytes(self) -> int:
         return self._leaving_bytes

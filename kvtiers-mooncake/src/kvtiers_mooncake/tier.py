@@ -61,8 +61,12 @@ from kvtiers_mooncake.transfers import Transfers
 
 __all__ = ["MooncakeTier", "master_answers"]
 
-#: a unit of a job (one Mooncake batch call) holds up to this many block bytes
-UNIT_BYTES = 16 << 20
+#: a unit of a job (one Mooncake batch call) holds up to this many block bytes:
+#: a unit's blocks are hashed before its put and after its get, so a job's first
+#: put and its end wait for one unit's hashing; each call has a fixed cost, which
+#: the other threads' calls hide (measured: 4-8 MiB best for 2 MiB blocks, 16 MiB
+#: no better for 32 KiB ones; docs/benchmarks.md)
+UNIT_BYTES = 8 << 20
 #: probe verdicts: a hit is trusted this long (the master may evict any time; a
 #: load of a block gone is a miss), a miss this long (another engine may store it)
 PROBE_HIT_TTL_S = 5.0

@@ -68,12 +68,15 @@ __all__ = ["Transfers", "slot_sums"]
 
 #: put codes that are the store's answer, not its trouble
 _ANSWERS = frozenset((EXISTS, NO_SPACE, TENANT_QUOTA, TENANT_UNKNOWN))
+#: a header's bytes besides its key's (`record.header_bytes(k) == _HEADER_BARE + k`)
+_HEADER_BARE = record.header_bytes(0)
 
 
 @dataclass(slots=True)
 class _Stored:
     room: Reservation[None]
     written: set[int] = field(default_factory=set)
+    names: list[str] = field(default_factory=list)  # each key's object name
 
 
 def slot_sums(ctx: TierContext, slots: Sequence[int],
@@ -114,8 +117,8 @@ class Transfers:
 
     # The breaker's bookkeeping around one call.
 
-    def _outcome_of_call(self, codes: Sequence[int], failing: Callable[[int], bool]) -> None:
-        if any(failing(c) for c in codes):
+    def _outcome_of_call(self, failed: bool) -> None:
+        if failed:
             self.client.breaker.failed()
         elif self.client.breaker.succeeded():
             self.on_recovery()
@@ -135,18 +138,19 @@ class Transfers:
         return self._load_many(job, [i])[0]
 
     def _load_many(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
-        keys, bb, block_name, house = job.keys, self.block_bytes, self.names.block, self.house
+        keys, bb, block_name = job.keys, self.block_bytes, self.names.block
         out: list[Outcome] = [FailureReason.MISSING] * len(indices)
         # A name being removed (found damaged, evicted) is gone already.
-        todo: list[tuple[int, int, str]] = []  # (n, i, name)
-        for n, i in enumerate(indices):
-            if len(keys[i]) <= record.MAX_KEY_BYTES and (name := block_name(keys[i])) \
-                    not in house:
-                todo.append((n, i, name))
+        names = [block_name(keys[i]) for i in indices]
+        leaving, longest = self.house.among(names), record.MAX_KEY_BYTES
+        todo: list[tuple[int, int, str]] = [  # (n, i, name)
+            (n, i, name) for n, (i, name) in enumerate(zip(indices, names, strict=True))
+            if len(keys[i]) <= longest and name not in leaving]
         if not todo:
             return out
-        slots = [job.slots[i] for _, i, _ in todo]
-        hlens = [record.header_bytes(len(keys[i])) for _, i, _ in todo]
+        job_slots, bare = job.slots, _HEADER_BARE
+        slots = [job_slots[i] for _, i, _ in todo]
+        hlens = [bare + len(keys[i]) for _, i, _ in todo]
         try:
             codes = self.client.get([t[2] for t in todo], slots, hlens, bb)
         except Exception as exc:  # noqa: BLE001 - the store's trouble is a miss
@@ -155,7 +159,7 @@ class Transfers:
                 out[n] = reason
             return out
         # Only the master's silence counts here: a failed transfer is judged below.
-        self._outcome_of_call(codes, lambda c: c == RPC_FAIL)
+        self._outcome_of_call(RPC_FAIL in codes)
         # Whole objects: the block's checksum from the slot, then the header must be
         # the very bytes this key's header with that checksum has (one comparison).
         placed: list[tuple[int, int, str, int, int]] = []  # (n, i, name, slot, length)
@@ -226,15 +230,20 @@ class Transfers:
     # Stores.
 
     def _reserve(self, job: Job) -> list[int]:
+        reserved = reserve_store(self.index, job, self.block_bytes, plan=_Stored,
+                                 stats=self.stats, delete=self._remove_evicted)
+        plan: _Stored = job.state
+        block_name, keys = self.names.block, job.keys
+        plan.names = names = [block_name(k) for k in keys]
+        leaving, longest = self.house.among(names), record.MAX_KEY_BYTES
         todo = []
-        for i in reserve_store(self.index, job, self.block_bytes, plan=_Stored,
-                               stats=self.stats, delete=self._remove_evicted):
-            key = job.keys[i]
-            if len(key) > record.MAX_KEY_BYTES:
+        for i in reserved:
+            key = keys[i]
+            if len(key) > longest:
                 self.errors.note("store", "key", f"a key of {len(key)} bytes is longer "
-                                 f"than {record.MAX_KEY_BYTES}: not stored")
+                                 f"than {longest}: not stored")
                 job.fail(i, FailureReason.REJECTED)
-            elif self.names.block(key) in self.house:
+            elif names[i] in leaving:
                 job.fail(i, FailureReason.REJECTED)  # its old object is being removed
             else:
                 todo.append(i)
@@ -250,11 +259,11 @@ class Transfers:
 
     def _store_many(self, job: Job, indices: Sequence[int]) -> list[Outcome]:
         plan: _Stored = job.state
-        keys, bb, pack, block_name = job.keys, self.block_bytes, self.expected.pack, \
-            self.names.block
+        keys, bb, pack, all_names = job.keys, self.block_bytes, self.expected.pack, plan.names
         area, header_at = self.client.area_view, record.AREA_BYTES
         out: list[Outcome] = [FailureReason.IO] * len(indices)
-        slots = [job.slots[i] for i in indices]
+        job_slots = job.slots
+        slots = [job_slots[i] for i in indices]
         sums = slot_sums(self.ctx, slots, self.errors)
         todo: list[tuple[int, int, int, int]] = []  # (n, i, slot, header length)
         names: list[str] = []
@@ -265,7 +274,7 @@ class Transfers:
             start = slot * header_at
             area[start:start + len(head)] = head
             todo.append((n, i, slot, len(head)))
-            names.append(block_name(keys[i]))
+            names.append(all_names[i])
         if not todo:
             return out
         try:
@@ -273,8 +282,14 @@ class Transfers:
         except Exception as exc:  # noqa: BLE001 - the store's trouble is a failed copy
             reason = self._refused(job, "store", exc)
             return [reason] * len(indices)
+        if codes.count(0) == len(codes):  # (the usual answer: every object put)
+            self._outcome_of_call(False)
+            plan.written.update([t[1] for t in todo])
+            for t in todo:
+                out[t[0]] = None
+            return out
         # Room and tenant refusals are answers: only other failures open the breaker.
-        self._outcome_of_call(codes, lambda c: c < 0 and c not in _ANSWERS)
+        self._outcome_of_call(any(c < 0 and c not in _ANSWERS for c in codes))
         for (n, i, _, _), code in zip(todo, codes, strict=True):
             if code in (0, EXISTS):
                 plan.written.add(i)
@@ -298,5 +313,6 @@ class Transfers:
         if plan is None:  # never started: timeout or closed
             return
         with plan.room as room:
-            done = [job.keys[i] for i in sorted(plan.written) if job.succeeded(i)]
-            room.commit_many(done, [None] * len(done))
+            written = {job.keys[i] for i in plan.written}
+            done = [k for k in job.succeeded_keys() if k in written]  # in the job's order
+            room.commit_many(done, [None] * len(done), close=True)

@@ -296,4 +296,4 @@ class Transfers:
             # blocks are the older ones.
             done = [(job.keys[i], expires) for i, expires in sorted(plan.written.items())
                     if job.succeeded(i)]
-            room.commit_many([k for k, _ in done], [e for _, e in done])
+            room.commit_many([k for k, _ in done], [e for _, e in done], close=True)

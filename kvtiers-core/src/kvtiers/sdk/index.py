@@ -568,10 +568,13 @@ class BoundedIndex(Generic[L]):
             return True
 
     def _commit_many(self, keys: Sequence[bytes], locations: Sequence[L], sizes: list[int],
-                     held: list[tuple[bytes, _PinCount]]) -> list[bool]:
+                     held: list[tuple[bytes, _PinCount]], *,
+                     end: int | None = None) -> list[bool]:
         """Commit each `(keys[i], locations[i], sizes[i])` in order under one lock:
         its reserved bytes go; an absent key is inserted pinned for the job (not
-        evictable until it ends), a present one is left (False). One policy call."""
+        evictable until it ends), a present one is left (False). One policy call.
+        With `end` (the reservation's bytes not committed), the reservation ends in
+        the same lock round: the new entries go in unpinned, `held` is unpinned."""
         done: list[bool] = []
         new: list[bytes] = []
         with self._lock:
@@ -587,16 +590,24 @@ class BoundedIndex(Generic[L]):
                     last = entry(location, size)  # (the same objects: the same tuple)
                 entries[key] = last
                 added += size
-                # the job's own: not evictable until it ends (inserted pinned)
-                count = pins[key] = _PinCount()
-                count.count = 1
-                held.append((key, count))
                 new.append(key)
                 done.append(True)
+                if end is None:  # the job's own: not evictable until it ends
+                    count = pins[key] = _PinCount()
+                    count.count = 1
+                    held.append((key, count))
             self._reserved -= sum(sizes)
             self._committed += added
-            if new:
-                self._policy.insert_pinned(new, [None] * len(new))
+            if end is None:
+                if new:
+                    self._policy.insert_pinned(new, [None] * len(new))
+                return done
+            self._reserved -= end
+            self._unpin_locked(held)  # (first, as `close` after `commit_many` would)
+            self._evictable += added
+            insert = self._policy.insert
+            for key in new:
+                insert(key)
         return done
 
     def _end_reservation(self, released: int, held: list[tuple[bytes, _PinCount]]) -> None:

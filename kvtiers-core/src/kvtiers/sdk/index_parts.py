@@ -43,7 +43,8 @@ class _Owner(Protocol[L]):
                 held: list[tuple[bytes, _PinCount]]) -> bool: ...
 
     def _commit_many(self, keys: Sequence[bytes], locations: Sequence[L], sizes: list[int],
-                     held: list[tuple[bytes, _PinCount]]) -> list[bool]: ...
+                     held: list[tuple[bytes, _PinCount]], *,
+                     end: int | None = None) -> list[bool]: ...
 
     def _end_reservation(self, released: int, held: list[tuple[bytes, _PinCount]]) -> None: ...
 
@@ -131,10 +132,13 @@ class Reservation(Generic[L]):
         size = self._sizes.pop(key)
         return self._index._commit(key, location, size, self._held)
 
-    def commit_many(self, keys: Sequence[bytes], locations: Sequence[L]) -> list[bool]:
+    def commit_many(self, keys: Sequence[bytes], locations: Sequence[L], *,
+                    close: bool = False) -> list[bool]:
         """`commit(keys[i], locations[i])` for each i, in order, taking the index's
         lock once: what each returned. A key not reserved here (or given twice)
-        raises KeyError after the keys before it are committed, as the loop would."""
+        raises KeyError after the keys before it are committed, as the loop would.
+        With `close`, the reservation closes in the same lock round (a store's last
+        commit): the entries committed are evictable at once, never pinned."""
         if not self._open:
             raise RuntimeError("commit on a closed reservation")
         if len(keys) != len(locations):
@@ -147,7 +151,13 @@ class Reservation(Generic[L]):
             n = len(sizes)
             self._index._commit_many(keys[:n], locations[:n], sizes, self._held)
             raise
-        return self._index._commit_many(keys, locations, sizes, self._held)
+        if not close:
+            return self._index._commit_many(keys, locations, sizes, self._held)
+        self._open = False
+        released = sum(self._sizes.values())
+        self._sizes.clear()
+        held, self._held = self._held, []
+        return self._index._commit_many(keys, locations, sizes, held, end=released)
 
     def close(self) -> None:
         if not self._open:

@@ -69,7 +69,7 @@ def end_pinned_load(index: BoundedIndex[Any], job: Job) -> None:
     pins: Pins[Any] | None = job.state
     if pins is not None:
         pins.release()
-    index.touch([k for i, k in enumerate(job.keys) if job.succeeded(i)])
+    index.touch(job.succeeded_keys())
 
 
 def reserve_store(index: BoundedIndex[L], job: Job, size: int, *,

@@ -190,7 +190,7 @@ class MemoryTier(SecondaryTier):
         with copies.room as room:
             done = [(job.keys[i], block) for i, block in copies.blocks.items()
                     if job.succeeded(i)]
-            room.commit_many([k for k, _ in done], [b for _, b in done])
+            room.commit_many([k for k, _ in done], [b for _, b in done], close=True)
 
     # Engine threads: loads.
 
