@@ -288,7 +288,7 @@ def main() -> int:
         if space is None:
             print(f"warning: {where}: Mooncake's listeners are reachable on every "
                   "interface while this runs", file=sys.stderr)
-            runner = _LoopbackRunner()
+            runner = LoopbackRunner()
         # A 1 s lease (default 10 s): blocks read by a pass can be removed soon after.
         master = Master(runner, Path(tmp), lease_ms=LEASE_MS)
         master.start()
@@ -310,7 +310,7 @@ def main() -> int:
     return 0
 
 
-class _LoopbackRunner:
+class LoopbackRunner:
     """`NetNamespace`'s calls, in the root namespace (a non-root run)."""
 
     name = "root"
