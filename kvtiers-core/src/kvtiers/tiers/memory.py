@@ -21,18 +21,19 @@ a copy out of an entry that is evicted meanwhile still reads the right bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvtiers.config.options import resolve_options
-from kvtiers.contract.jobs import FailureReason, JobResult, TransferJob
+from kvtiers.contract.jobs import FailureReason
 from kvtiers.contract.keys import BlockKey
 from kvtiers.contract.lookup import LookupResult
 from kvtiers.contract.stats import StatsRecorder, TierStats
-from kvtiers.contract.tier import SecondaryTier, TierContext
+from kvtiers.contract.tier import TierContext
 from kvtiers.sdk.engine import JobEngine, JobHooks
 from kvtiers.sdk.index import BoundedIndex, Pins, Reservation, Verdict
+from kvtiers.sdk.indexed_tier import IndexedTier, end_pinned_load, reserve_store
 from kvtiers.sdk.integrity import checksum
 from kvtiers.sdk.job import Job, Outcome
 from kvtiers.tiers.schemas import MEMORY_SCHEMA
@@ -75,8 +76,11 @@ class _Copies:
     blocks: dict[int, _Block]
 
 
-class MemoryTier(SecondaryTier):
-    """Blocks in RAM, bounded by `capacity_bytes`, evicted by a registered policy."""
+class MemoryTier(IndexedTier[_Block]):
+    """Blocks in RAM, bounded by `capacity_bytes`, evicted by a registered policy.
+    `IndexedTier` gives the scheduler side's hand-offs (pins at submit, touch)."""
+
+    engine: JobEngine
 
     persistent = False
     shared = False
@@ -89,8 +93,9 @@ class MemoryTier(SecondaryTier):
         self.capacity_bytes: int = options["capacity_bytes"]
         self._stats = StatsRecorder(capacity_bytes=self.capacity_bytes)
         self._store = self._open_store(options)
+        self.index = self._store.index
         self._closed = False
-        self._engine = JobEngine(
+        self.engine = JobEngine(
             ctx,
             load=JobHooks(block=self._load_block, end=self._end_load),
             store=JobHooks(start=self._reserve, block=self._copy_block, end=self._commit),
@@ -117,34 +122,15 @@ class MemoryTier(SecondaryTier):
         self._stats.lookup(hit)
         return LookupResult.HIT if hit else LookupResult.MISS
 
-    def submit_store(self, job: TransferJob) -> None:
-        self._engine.submit_store(job)
-
-    def submit_load(self, job: TransferJob) -> None:
-        # Pinned now, not when a thread starts: what lookup called a HIT must not be
-        # evicted by a store that runs first. The end hook unpins, whatever happens.
-        pins = None if self._engine.closed else self._store.index.pin(job.keys)
-        self._engine.submit_load(job, pins)
-
-    def get_finished_jobs(self) -> list[JobResult]:
-        return self._engine.take_finished()
-
-    def drain(self, timeout: float | None = None) -> bool:
-        return self._engine.drain(timeout)
-
     def close(self) -> None:
         if self._closed:
             return
-        self._engine.close()
+        self.engine.close()
         self._closed = True
         self._close_store()
 
     def stats(self) -> TierStats:
         return self._stats.snapshot(usage_bytes=self._store.index.committed_bytes)
-
-    def touch(self, keys: Iterable[BlockKey]) -> None:
-        if not self._closed:
-            self._store.index.touch(keys)
 
     def damage(self, key: BlockKey, offset: int | None = None) -> bool:
         """Test hook: flip one byte (default: the middle one) of the stored copy of
@@ -160,21 +146,11 @@ class MemoryTier(SecondaryTier):
     # Engine threads: stores.
 
     def _reserve(self, job: Job) -> list[int]:
-        """Start hook: room for the keys not held yet (evicting as needed)."""
-        bb = self._store.block_bytes
-        room = self._store.index.reserve([(key, bb) for key in job.keys])
-        if room.evicted:
-            self._stats.evicted(len(room.evicted))
-        job.state = _Copies(room, {})
-        todo = []
-        for i, verdict in enumerate(room.verdicts):
-            if verdict is Verdict.RESERVED:
-                todo.append(i)
-            elif verdict is Verdict.PRESENT:
-                job.succeed(i)  # already here: nothing to copy
-            else:
-                job.fail(i, FailureReason.FULL)
-        return todo
+        """Start hook: room for the keys not held yet (evicting as needed; an
+        evicted block's bytes go with its entry)."""
+        return reserve_store(self.index, job, self._store.block_bytes,
+                             plan=lambda room: _Copies(room, {}), stats=self._stats,
+                             delete=lambda keys: None)
 
     def _copy_block(self, job: Job, i: int) -> Outcome:
         data = bytes(self.ctx.pool.block(job.slots[i]))
@@ -213,7 +189,4 @@ class MemoryTier(SecondaryTier):
         return None
 
     def _end_load(self, job: Job) -> None:
-        pins: Pins[_Block] | None = job.state
-        if pins is not None:
-            pins.release()
-        self._store.index.touch(k for i, k in enumerate(job.keys) if job.succeeded(i))
+        end_pinned_load(self.index, job)
