@@ -8,16 +8,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.clirun import run_kvtiers
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def kvtiers(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvtiers", *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO,
-                          env={**os.environ, "COLUMNS": "200"})
+    """`python -m kvtiers ARGS` in a process of its own (tests/clirun.py)."""
+    return run_kvtiers(args, cwd=REPO, env={**os.environ, "COLUMNS": "200"}, timeout=120)
 
 
 def _config(tmp_path: Path) -> str:

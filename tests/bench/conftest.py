@@ -7,13 +7,14 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.clirun import run_kvtiers
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 8192  # the `tiny` preset's block: 2 layers x K,V x 16 tokens x 2 heads x 32 x bf16
@@ -41,13 +42,8 @@ TINY = [
 
 
 def kvtiers(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtiers", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
+    """`python -m kvtiers ARGS` in a process of its own (tests/clirun.py)."""
+    return run_kvtiers(args, cwd=REPO, timeout=timeout)
 
 
 def write_config(path: Path, doc: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.clirun import run_kvtiers
+
 from .conftest import REPO, GiB
 
 EXAMPLE = str(REPO / "examples" / "config.json")
@@ -16,14 +18,8 @@ VLLM_EXAMPLE = str(REPO / "examples" / "vllm_kv_transfer_config.json")
 
 
 def kvtiers(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtiers", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    """`python -m kvtiers ARGS` in a process of its own (tests/clirun.py)."""
+    return run_kvtiers(args, cwd=REPO, timeout=120, input=stdin)
 
 
 def test_valid_config_exits_0_with_a_summary() -> None:

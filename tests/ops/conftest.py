@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.clirun import run_kvtiers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,8 +36,8 @@ def children() -> Iterator[list[Any]]:
 
 
 def kvtiers(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvtiers", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO)
+    """`python -m kvtiers ARGS` in a process of its own (tests/clirun.py)."""
+    return run_kvtiers(args, cwd=REPO, timeout=timeout)
 
 
 def fs_config(path: Path, roots: list[str] | str, capacity_bytes: int,

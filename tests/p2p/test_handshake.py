@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from kvtiers_p2p.wire.handshake import (
 )
 from kvtiers_p2p.wire.protocol import PROTOCOL_VERSION, DataPlane, Hello
 
+from tests.clirun import run_kvtiers
 from tests.p2p.conftest import ROOT, MakeEngine, Peer, StartPeer, child_env
 from tests.p2p.engine import BB, keys_for
 from tests.p2p.nodes import Node
@@ -195,10 +195,9 @@ def run_bench(node: Node, tmp: Path) -> tuple[subprocess.CompletedProcess[str], 
     config = {"cpu_bytes_to_use": small_pool(), "secondary_tiers": [
         {"type": "p2p", "peers": [node.endpoint], "push": True, "data_plane": "zmq"}]}
     out = tmp / f"bench-{time.monotonic_ns()}.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "kvtiers", "bench", "--config", json.dumps(config), *TINY,
-         "--json", str(out)],
-        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+    done = run_kvtiers(["bench", "--config", json.dumps(config), *TINY,
+                       "--json", str(out)],
+                       env=child_env(), cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "all match" in done.stdout
     return done, json.loads(out.read_text())["result"]

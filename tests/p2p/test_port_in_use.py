@@ -11,8 +11,6 @@ import errno
 import json
 import logging
 import socket
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ from kvtiers.contract.lookup import LookupResult
 from kvtiers.contract.pool_view import PoolView
 from kvtiers.testing import make_namespace
 
+from tests.clirun import run_kvtiers
 from tests.p2p.conftest import ROOT, MakeEngine, child_env
 from tests.p2p.engine import BB, FAST, MODEL, SLOTS, keys_for
 from tests.p2p.nodes import geometry
@@ -41,10 +40,9 @@ def taken() -> Iterator[int]:
 def test_kvtiers_serve_on_a_taken_port_exits_2_naming_the_address(taken: int) -> None:
     config = {"cpu_bytes_to_use": SLOTS * BB, "secondary_tiers": [
         {"type": "p2p", "host": "127.0.0.1", "port": taken, "data_plane": "zmq", **FAST}]}
-    done = subprocess.run(
-        [sys.executable, "-m", "kvtiers", "serve", "--config", json.dumps(config),
-         "--model", MODEL, *geometry(BB), "--status-every", "0"],
-        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120)
+    done = run_kvtiers(["serve", "--config", json.dumps(config),
+                       "--model", MODEL, *geometry(BB), "--status-every", "0"],
+                       env=child_env(), cwd=ROOT, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert (f"kvtiers serve: cannot listen on tcp://127.0.0.1:{taken}: the address is in "
@@ -98,10 +96,9 @@ def test_kvtiers_bench_with_a_p2p_tier_on_a_taken_port_completes(
     config = {"cpu_bytes_to_use": small_pool(), "secondary_tiers": [
         {"type": "p2p", "host": "127.0.0.1", "port": taken, "data_plane": "zmq"}]}
     out = tmp_path / "out.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "kvtiers", "bench", "--config", json.dumps(config), *TINY,
-         "--json", str(out)],
-        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+    done = run_kvtiers(["bench", "--config", json.dumps(config), *TINY,
+                       "--json", str(out)],
+                       env=child_env(), cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "all match" in done.stdout
@@ -114,11 +111,10 @@ def test_kvtiers_bench_with_a_p2p_tier_on_a_taken_port_completes(
 def test_kvtiers_serve_with_a_taken_metrics_port_exits_2_naming_it(taken: int) -> None:
     config = {"cpu_bytes_to_use": SLOTS * BB, "secondary_tiers": [
         {"type": "p2p", "host": "127.0.0.1", "port": 0, "data_plane": "zmq", **FAST}]}
-    done = subprocess.run(
-        [sys.executable, "-m", "kvtiers", "serve", "--config", json.dumps(config),
-         "--model", MODEL, *geometry(BB), "--status-every", "0", "--metrics-port",
-         str(taken)],
-        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120)
+    done = run_kvtiers(["serve", "--config", json.dumps(config),
+                       "--model", MODEL, *geometry(BB), "--status-every", "0", "--metrics-port",
+                       str(taken)],
+                       env=child_env(), cwd=ROOT, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert (f"error: cannot serve metrics on http://127.0.0.1:{taken}/metrics: the port is "
@@ -130,9 +126,8 @@ def test_kvtiers_bench_with_a_taken_metrics_port_refuses_before_running(
         taken: int) -> None:
     from tests.bench.conftest import TINY
 
-    done = subprocess.run(
-        [sys.executable, "-m", "kvtiers", "bench", *TINY, "--metrics-port", str(taken)],
-        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+    done = run_kvtiers(["bench", *TINY, "--metrics-port", str(taken)],
+                       env=child_env(), cwd=ROOT, timeout=300)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert (f"error: cannot serve metrics on http://127.0.0.1:{taken}/metrics: the port is "

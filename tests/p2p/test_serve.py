@@ -5,8 +5,6 @@ given across a restart of the node; SIGTERM stops it cleanly."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,7 @@ from typing import Any
 import pytest
 from kvtiers.contract.lookup import LookupResult
 
+from tests.clirun import run_kvtiers
 from tests.p2p.conftest import ROOT, MakeEngine, child_env
 from tests.p2p.engine import BB, FAST, SLOTS, keys_for
 from tests.p2p.nodes import Node
@@ -44,8 +43,8 @@ def node_config(tmp_path: Path, fs: bool = False) -> dict[str, Any]:
 
 
 def test_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "kvtiers", "serve", "--help"],
-                         capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60)
+    out = run_kvtiers(["serve", "--help"],
+                      env=child_env(), cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--config" in out.stdout and "SIGTERM" in out.stdout
 
@@ -86,9 +85,9 @@ def test_a_node_keeps_blocks_in_its_fs_tier_across_a_restart(
 
 
 def test_keygen_command(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "kvtiers", "p2p", "keygen", str(tmp_path / "k"),
-                          "--name", "node"], capture_output=True, text=True, env=child_env(),
-                         cwd=ROOT, timeout=60)
+    out = run_kvtiers(["p2p", "keygen", str(tmp_path / "k"),
+                      "--name", "node"],
+                      env=child_env(), cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     secret = tmp_path / "k" / "node.key_secret"
     assert secret.stat().st_mode & 0o777 == 0o600 and (tmp_path / "k" / "node.key").exists()
@@ -96,8 +95,8 @@ def test_keygen_command(tmp_path: Path) -> None:
 
 
 def test_the_plugin_listing_names_the_tier_and_its_commands() -> None:
-    out = subprocess.run([sys.executable, "-m", "kvtiers", "plugins", "--json"],
-                         capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60)
+    out = run_kvtiers(["plugins", "--json"],
+                      env=child_env(), cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     text = json.dumps(rows)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from kvtiers.contract.lookup import LookupResult
 
+from tests.clirun import run_kvtiers
 from tests.p2p.conftest import ROOT, MakeEngine, child_env
 from tests.p2p.engine import BB, FAST, SLOTS, keys_for
 
@@ -150,8 +151,8 @@ def test_a_bad_port_or_no_prometheus_is_refused_before_serving(tmp_path: Path) -
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "kvtiers-core[metrics]" in err, err
     assert "Traceback" not in err and not ready.exists()
-    done = subprocess.run([sys.executable, "-m", "kvtiers", "serve", "--help"],
-                          capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60)
+    done = run_kvtiers(["serve", "--help"],
+                       env=child_env(), cwd=ROOT, timeout=60)
     assert done.returncode == 0 and "--metrics-port" in done.stdout
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from kvtiers.testing import JobTracker, check_blocks, fill_slots, poison_slots, random_keys
 
+from tests.clirun import run_kvtiers
 from tests.redis.helpers import BLOCK, Tiers, context
 from tests.redis.server import RedisServer
 
@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def kvtiers(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvtiers", *args], capture_output=True,
-                          text=True, timeout=300, cwd=REPO)
+    """`python -m kvtiers ARGS` in a process of its own (tests/clirun.py)."""
+    return run_kvtiers(args, cwd=REPO, timeout=300)
 
 
 def _config(path: Path, server: RedisServer, prefix: str) -> str:

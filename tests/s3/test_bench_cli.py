@@ -4,12 +4,11 @@ object store (SeaweedFS): end to end, every loaded byte checked."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 from tests.bench.conftest import TINY, small_pool
+from tests.clirun import run_kvtiers
 from tests.s3.conftest import REPO, cli_env
 from tests.s3.servers import S3Server
 
@@ -27,10 +26,8 @@ def test_bench_runs_a_cpu_pool_over_s3_and_checks_every_byte(
     (tmp_path / "c.json").write_text(json.dumps(config))
     out = tmp_path / "out.json"
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "kvtiers", "bench", "--config", str(tmp_path / "c.json"),
-             *TINY, "--json", str(out)], capture_output=True, text=True, cwd=REPO,
-            env=cli_env(tmp_path), timeout=300)
+        done = run_kvtiers(["bench", "--config", str(tmp_path / "c.json"), *TINY,
+                            "--json", str(out)], cwd=REPO, env=cli_env(tmp_path), timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "every byte checked" in done.stdout and "all match" in done.stdout
         doc = json.loads(out.read_text())

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from kvtiers_s3.layout import codec
 from kvtiers_s3.layout.names import block_name, namespace_root
 from kvtiers_s3.tier import S3Tier
 
+from tests.clirun import run_kvtiers
 from tests.s3.conftest import REPO, cli_env
 from tests.s3.helpers import fetch, rewrite, s3_options
 from tests.s3.servers import S3Server
@@ -73,8 +73,7 @@ def config(path: Path, tier: dict[str, Any], model: str = "model-a") -> str:
 
 
 def kvtiers(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvtiers", *args], capture_output=True,
-                          text=True, timeout=300, cwd=REPO, env=cli_env(tmp_path))
+    return run_kvtiers(args, cwd=REPO, env=cli_env(tmp_path), timeout=300)
 
 
 def run_json(tmp_path: Path, *args: str, rc: int = 0) -> dict[str, Any]:

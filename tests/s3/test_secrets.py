@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from kvtiers.plugins import Registry
 from kvtiers.plugins import registry as registry_module
 from kvtiers.testing import JobTracker, fill_slots, make_context, random_keys
 
+from tests.clirun import run_kvtiers
 from tests.s3.conftest import cli_env
 from tests.s3.helpers import s3_tier
 from tests.s3.servers import Identity, S3Server, free_port
@@ -26,8 +27,7 @@ TOKEN = "session-token-kvtiers-000"
 
 
 def _kvtiers(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvtiers", *args], capture_output=True,
-                          text=True, env=cli_env(tmp_path), timeout=120)
+    return run_kvtiers(args, cwd=os.getcwd(), env=cli_env(tmp_path), timeout=120)
 
 
 def _in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
