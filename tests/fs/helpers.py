@@ -79,15 +79,11 @@ def intact_header(key: BlockKey, namespace: str, block_bytes: int, digest: int,
 def disk_files(ns_dir: Path) -> tuple[int, int, int]:
     """(block files, their bytes, temporary files) under a namespace directory."""
     blocks = nbytes = tmps = 0
-    try:
-        shards = list(os.scandir(ns_dir / "blocks"))
-    except FileNotFoundError:
-        shards = []
-    for shard in shards:
-        if shard.is_symlink():  # (the directory entry's type: no system call)
+    for shard in (ns_dir / "blocks").iterdir() if (ns_dir / "blocks").exists() else ():
+        if shard.is_symlink():
             continue  # planted by a test: what is behind it is not the tier's
         try:
-            entries = list(os.scandir(shard.path))
+            entries = list(os.scandir(shard))
         except (FileNotFoundError, NotADirectoryError):
             continue
         for e in entries:

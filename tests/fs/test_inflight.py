@@ -50,7 +50,16 @@ def _start_stopped_writer(mp: Any, children: list[Any], root: Path, keys: list[b
     while not _stopped(proc.pid):
         assert time.monotonic() < deadline, "the writer never stopped"
         time.sleep(0.005)
-    assert disk_files(ns_dir(root, context()))[2] == 1, "no temporary file of the writer"
+    # It stops itself only once its temporary file exists; a stop for any other
+    # reason leaves no such file (then say what the process was doing).
+    deadline = time.monotonic() + 5
+    while disk_files(ns_dir(root, context()))[2] != 1:
+        if time.monotonic() > deadline:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                state = f.read()
+            raise AssertionError(f"no temporary file of the writer; its /proc stat: {state}; "
+                                 f"files: {sorted(p.name for p in root.rglob('*'))}")
+        time.sleep(0.01)
     return proc
 
 
