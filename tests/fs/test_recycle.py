@@ -109,7 +109,8 @@ def test_a_reader_of_a_recycled_file_sees_a_miss_not_corruption(tmp_path: Path) 
         oidn = layout.ident(other)
         opath = layout.block_relpath(oidn)
         fd = os.open(opath, os.O_RDWR, dir_fd=store.blocks_fd)
-        os.pwrite(fd, b"\xff", layout.HEADER_BYTES + 7)
+        at = layout.HEADER_BYTES + 7
+        os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0xFF]), at)  # (a byte flipped)
         os.lseek(fd, 0, os.SEEK_SET)
         assert reader_tier._io[0]._read_fd(fd, other, reader_tier.ctx.pool.block(5),
                                            store.blocks_fd, opath).outcome \

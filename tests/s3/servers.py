@@ -95,7 +95,6 @@ class S3Server(ABC):
         self.admin = Identity("AKIDKVTIERSADMIN0001", "kvtiers-admin-secret-" + uuid.uuid4().hex)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
-        self._clients: dict[Identity, Any] = {}
 
     @property
     def endpoint_url(self) -> str:
@@ -128,19 +127,13 @@ class S3Server(ABC):
         }
 
     def client(self, identity: Identity | None = None) -> Any:
-        """A boto3 S3 client for this server, one per identity (boto3's clients are
-        thread-safe; building one costs tens of milliseconds, and tests and their
-        clean-ups ask for one per call)."""
-        who = identity or self.admin
-        client = self._clients.get(who)
-        if client is None:
-            client = self._clients[who] = self._new_client(who)
-        return client
-
-    def _new_client(self, who: Identity) -> Any:
+        """A boto3 S3 client for this server (a new one each call: a test may kill
+        and restart the server, and a kept client's pooled connections would be
+        the dead server's)."""
         import boto3
         from botocore.config import Config
 
+        who = identity or self.admin
         return boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,
