@@ -6,8 +6,8 @@ capacity the suite asks for is a node of that many bytes (started on first use
 in a test, killed at its end). Verifying (the transfer: see the corrupt test's
 skip) and shared (sibling: a second engine on the same node); not persistent
 (the node's pool is memory). Two tests are replaced by skips that say why; those
-the base suite would skip for a capability or hook the class lacks skip before a
-node starts; the NIXL class leaves the three tests that load nothing to ZeroMQ's."""
+the base suite would skip for a capability the class lacks skip before a node
+starts; the NIXL class leaves the three tests that load nothing to ZeroMQ's."""
 
 from __future__ import annotations
 
@@ -90,8 +90,8 @@ class TestP2PTierConformance(TierConformance):
         pytest.skip("a node's pool holds at least one block (kvtiers serve refuses a "
                     "smaller cpu_bytes_to_use): no capacity below one block to test")
 
-    # What the base tests would skip only after starting a node and building a tier:
-    # decided here from the class, the same way (they run if that ever changes).
+    # What the base tests would skip only after starting a node and building a tier
+    # (the tier's flag): decided here from the class (they run if that ever changes).
 
     def _unless_persistent(self) -> None:
         if not P2PTier.persistent:
@@ -108,16 +108,6 @@ class TestP2PTierConformance(TierConformance):
     def test_persistent_uses_survive_restart(self) -> None:
         self._unless_persistent()
         super().test_persistent_uses_survive_restart()
-
-    def test_truncated_copy_fails_load_then_misses(self) -> None:
-        if type(self).truncate is TierConformance.truncate:
-            pytest.skip(f"{type(self).__name__} does not implement truncate()")
-        super().test_truncated_copy_fails_load_then_misses()
-
-    def test_store_holds_what_usage_reports(self) -> None:
-        if type(self).stored_bytes is TierConformance.stored_bytes:
-            pytest.skip(f"{type(self).__name__} does not implement stored_bytes()")
-        super().test_store_holds_what_usage_reports()
 
 
 @pytest.mark.skipif(not nixl_available(), reason="NIXL does not import here "

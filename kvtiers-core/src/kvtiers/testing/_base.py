@@ -212,6 +212,12 @@ class TierSuiteBase:
         if not getattr(tier, flag):
             pytest.skip(f"{type(tier).__name__} is not {flag}")
 
+    def require_hook(self, hook: str) -> None:
+        """Skip the test now, before a tier is built, when the class does not
+        override the optional hook `hook` (`truncate`, `stored_bytes`)."""
+        if getattr(type(self), hook) is getattr(TierSuiteBase, hook):
+            pytest.skip(f"{type(self).__name__} does not implement {hook}()")
+
     def call_optional_hook(self, hook: str, tier: SecondaryTier, *args: Any) -> Any:
         """Call a hook no capability promises (`truncate`); skip if not implemented."""
         try:

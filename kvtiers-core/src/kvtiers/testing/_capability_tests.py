@@ -204,6 +204,7 @@ class CapabilityTests(TierSuiteBase):
     def test_truncated_copy_fails_load_then_misses(self) -> None:
         """A copy cut short (a torn write, a short read) is never served: the load
         fails `corrupt` for that key, whatever the slot holds, and the copy goes."""
+        self.require_hook("truncate")
         ctx = self.new_context()
         tier = self.new_tier(ctx)
         self.require(tier, "verifies")

@@ -23,6 +23,7 @@ from kvtiers.testing._helpers import check_blocks, fill_slots, poison_slots, ran
 
 class StoreUsageTests(TierSuiteBase):
     def test_store_holds_what_usage_reports(self) -> None:
+        self.require_hook("stored_bytes")
         ctx = self.new_context()
         capacity = 2 * BOUND * self.block_bytes
         tier = self.new_tier(ctx, capacity_bytes=capacity)
